@@ -1,0 +1,123 @@
+"""``python -m worker``: start one vLLM engine from WORKER_* settings (or print its command).
+
+Modes:
+  run   (default) wait for the model, check the layout, run vLLM until SIGTERM, stop its group.
+  argv  print the vLLM command (argv + added env) as JSON and exit; starts nothing.
+
+Every setting is a flag (``--tensor-parallel-size 2``) and an env var
+(``WORKER_TENSOR_PARALLEL_SIZE=2``); flags win. Arguments after ``--`` are appended to vLLM's
+command line verbatim (after WORKER_EXTRA_ARGS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any, Literal, NoReturn, get_args, get_origin
+
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from worker.argv import build_command
+from worker.launcher import EngineStartError, Launcher, MarkerTimeout
+from worker.settings import LWS_ENV, SettingsError, WorkerSettings, env_name, load_settings
+
+EXIT_BAD_SETTINGS = 2
+EXIT_FAILED = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, no usage dump: the pod log should say exactly what is wrong.
+        self.exit(EXIT_BAD_SETTINGS, f"worker: error: {message} (see --help)\n")
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _default_text(info: FieldInfo) -> str:
+    if info.default_factory is not None:
+        return "empty"
+    if info.default is PydanticUndefined:
+        return "required"
+    return "unset" if info.default is None else str(info.default)
+
+
+def _help(field: str, info: FieldInfo) -> str:
+    extra = f"; LWS fallback {LWS_ENV[field]}" if field in LWS_ENV else ""
+    return f"{info.description} [env {env_name(field)}; default: {_default_text(info)}{extra}]"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m worker",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "mode",
+        nargs="?",
+        choices=("run", "argv"),
+        default="run",
+        help="run (default): start and supervise vLLM; argv: print its command as JSON",
+    )
+    group = parser.add_argument_group("settings (each also an env var, which the flag overrides)")
+    for field, info in WorkerSettings.model_fields.items():
+        # SUPPRESS: a flag not given leaves the env var / LWS value / default in charge.
+        choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else None
+        group.add_argument(
+            _flag(field),
+            dest=field,
+            default=argparse.SUPPRESS,
+            choices=choices,
+            metavar="{" + ",".join(choices) + "}" if choices else field.upper(),
+            help=_help(field, info),
+        )
+    return parser
+
+
+def _split_passthrough(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    args = list(args)
+    if "--" in args:
+        cut = args.index("--")
+        return args[:cut], args[cut + 1 :]
+    return args, []
+
+
+def _fail(code: int, message: str) -> NoReturn:
+    print(f"worker: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    own, passthrough = _split_passthrough(sys.argv[1:] if args is None else args)
+    parsed = vars(build_parser().parse_args(own))
+    mode = parsed.pop("mode")
+    overrides: dict[str, Any] = parsed
+    try:
+        settings = load_settings(**overrides)
+    except SettingsError as exc:
+        _fail(EXIT_BAD_SETTINGS, str(exc))
+    if passthrough:
+        settings = settings.model_copy(update={"extra_args": [*settings.extra_args, *passthrough]})
+    command = build_command(settings)
+
+    if mode == "argv":
+        print(json.dumps(command.to_json_dict(), indent=2))
+        return 0
+
+    logging.basicConfig(level=logging.INFO, format="worker: %(levelname)s %(message)s")
+    try:
+        return Launcher(settings, command).run()
+    except SettingsError as exc:
+        _fail(EXIT_BAD_SETTINGS, str(exc))
+    except (MarkerTimeout, EngineStartError) as exc:
+        _fail(EXIT_FAILED, str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

