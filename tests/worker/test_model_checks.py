@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from worker.model_checks import ModelShape, check_layout, read_model_shape
+from worker.settings import SettingsError, load_settings
+
+ModelDirFactory = Callable[..., Path]
+
+
+def test_reads_the_shape_from_config_json(make_model_dir: ModelDirFactory) -> None:
+    model = make_model_dir(heads=9, kv_heads=3, layers=30)
+    assert read_model_shape(model) == ModelShape(model / "config.json", 9, 3, 30)
+
+
+def test_kv_heads_default_to_attention_heads(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_attention_heads": 8, "num_hidden_layers": 4}), encoding="utf-8"
+    )
+    assert read_model_shape(tmp_path).num_key_value_heads == 8
+
+
+def test_multimodal_text_config_is_used(tmp_path: Path) -> None:
+    text = {"num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": 12}
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": text}), encoding="utf-8")
+    assert read_model_shape(tmp_path) == ModelShape(tmp_path / "config.json", 16, 4, 12)
+
+
+@pytest.mark.parametrize("tp", [1, 3])
+def test_valid_layouts_pass(make_model_dir: ModelDirFactory, tp: int) -> None:
+    shape = read_model_shape(make_model_dir())
+    check_layout(load_settings(model_path="/m", tensor_parallel_size=tp, pipeline_parallel_size=30), shape)
+
+
+def test_tp_must_divide_attention_heads(make_model_dir: ModelDirFactory) -> None:
+    model = make_model_dir(heads=9, kv_heads=3)
+    with pytest.raises(SettingsError) as caught:
+        check_layout(load_settings(model_path=model, tensor_parallel_size=2), read_model_shape(model))
+    assert str(caught.value).startswith(
+        f"WORKER_TENSOR_PARALLEL_SIZE=2 does not divide num_attention_heads=9 of {model}/config.json;"
+        " use one of 1, 3"
+    )
+
+
+def test_tp_must_divide_kv_heads(make_model_dir: ModelDirFactory) -> None:
+    model = make_model_dir(heads=8, kv_heads=2)
+    with pytest.raises(SettingsError) as caught:
+        check_layout(load_settings(model_path=model, tensor_parallel_size=4), read_model_shape(model))
+    message = str(caught.value)
+    assert "does not divide num_key_value_heads=2" in message
+    assert "num_attention_heads" not in message
+    assert message.endswith("use one of 1, 2")
+
+
+def test_pp_cannot_exceed_layers(make_model_dir: ModelDirFactory) -> None:
+    model = make_model_dir(layers=4)
+    with pytest.raises(SettingsError, match="WORKER_PIPELINE_PARALLEL_SIZE=5 exceeds num_hidden_layers=4"):
+        check_layout(load_settings(model_path=model, pipeline_parallel_size=5), read_model_shape(model))
+
+
+def test_missing_config_names_the_model_path(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=f"WORKER_MODEL_PATH={tmp_path}: cannot read"):
+        read_model_shape(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        ("[]", "is not a JSON object"),
+        ('{"num_attention_heads": 8, "num_hidden_layers": "many"}', "no positive integer 'num_hidden_layers'"),
+    ],
+)
+def test_malformed_config(tmp_path: Path, content: str, message: str) -> None:
+    (tmp_path / "config.json").write_text(content, encoding="utf-8")
+    with pytest.raises(SettingsError, match=message):
+        read_model_shape(tmp_path)
