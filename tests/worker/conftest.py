@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+import signal
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +20,7 @@ _LEAKY_PREFIXES = ("WORKER_", "LWS_")
 _LEAKY_NAMES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 ModelDirFactory = Callable[..., Path]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -65,3 +70,41 @@ def real_model_dir() -> Path:
     if not is_complete(path):
         pytest.fail(f"LLMSERVE_MODEL_DIR={path} has no valid completion marker")
     return path
+
+
+class Spawner:
+    """Starts processes in their own groups and kills every group it knows of at teardown."""
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[str]] = []
+        self.pgids: set[int] = set()
+
+    def start(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": str(REPO), **kwargs.pop("env", {})}
+        proc = subprocess.Popen(
+            list(argv), cwd=REPO, env=env, text=True, start_new_session=True, **kwargs
+        )
+        self.processes.append(proc)
+        self.pgids.add(proc.pid)
+        return proc
+
+    def track(self, pgid: int) -> None:
+        """Also kill this group at teardown (e.g. an engine group started by a worker)."""
+        self.pgids.add(pgid)
+
+    def cleanup(self) -> None:
+        for pgid in self.pgids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        for proc in self.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def spawner() -> Iterator[Spawner]:
+    spawned = Spawner()
+    try:
+        yield spawned
+    finally:
+        spawned.cleanup()

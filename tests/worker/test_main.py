@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from worker.__main__ import main
+from worker.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from conftest import Spawner
+
+ModelDirFactory = Callable[..., Path]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_worker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def test_help_documents_every_setting() -> None:
+    done = run_worker("--help")
+    assert done.returncode == 0
+    for field in WorkerSettings.model_fields:
+        assert "--" + field.replace("_", "-") in done.stdout
+        assert "WORKER_" + field.upper() in done.stdout.replace("\n", "").replace(" ", "")
+
+
+def test_flags_override_env(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_MODEL_PATH", "/models/smol")
+    monkeypatch.setenv("WORKER_PORT", "9000")
+    assert main(["argv", "--port", "9100"]) == 0
+    argv = json.loads(capsys.readouterr().out)["argv"]
+    assert argv[argv.index("--port") + 1] == "9100"
+
+
+def test_arguments_after_double_dash_are_passed_to_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["argv", "--model-path", "/m", "--extra-args=--seed 7", "--", "--enforce-eager"]) == 0
+    argv = json.loads(capsys.readouterr().out)["argv"]
+    assert argv[-3:] == ["--seed", "7", "--enforce-eager"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("argv",), "worker: error: WORKER_MODEL_PATH is required"),
+        (("argv", "--model-path", "/m", "--nnodes", "two"), "worker: error: WORKER_NNODES: Input should be"),
+        (("argv", "--model-path", "/m", "--device", "tpu"), "worker: error: argument --device: invalid choice"),
+        (("argv", "--model-path", "/m", "--no-such-flag", "1"), "worker: error: unrecognized arguments"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(args: tuple[str, ...], message: str) -> None:
+    done = run_worker(*args)
+    assert done.returncode == 2
+    assert done.stderr.startswith(message)
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_layout_that_does_not_fit_the_model_exits_2(make_model_dir: ModelDirFactory) -> None:
+    model = make_model_dir(heads=9, kv_heads=3)
+    done = run_worker("--model-path", str(model), "--device", "cpu", "--tensor-parallel-size", "2")
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith(
+        f"worker: error: WORKER_TENSOR_PARALLEL_SIZE=2 does not divide num_attention_heads=9 of "
+        f"{model}/config.json; use one of 1, 3"
+    )
+
+
+def test_incomplete_model_times_out_with_exit_1(make_model_dir: ModelDirFactory) -> None:
+    model = make_model_dir(complete=False)
+    done = run_worker("--model-path", str(model), "--device", "cpu", "--marker-timeout-s", "0.5")
+    assert done.returncode == 1
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"worker: error: model directory {model} is not complete")
+    assert "Traceback" not in done.stderr
+
+
+def test_sigterm_while_waiting_for_the_model_starts_nothing(
+    make_model_dir: ModelDirFactory, spawner: Spawner
+) -> None:
+    model = make_model_dir(complete=False)
+    worker = spawner.start(
+        [sys.executable, "-m", "worker", "--model-path", str(model), "--device", "cpu"],
+        stderr=subprocess.PIPE,
+    )
+    assert worker.stderr is not None
+    assert "waiting for the completion marker" in worker.stderr.readline()
+    worker.send_signal(signal.SIGTERM)
+    _, stderr = worker.communicate(timeout=20)
+    assert worker.returncode == 128 + signal.SIGTERM
+    assert "not starting vLLM" in stderr
