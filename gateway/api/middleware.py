@@ -1,0 +1,107 @@
+"""Pure ASGI middleware: request id, body limit, in-flight gauge.
+
+Not `BaseHTTPMiddleware`: it buffers through an anyio stream, which breaks SSE pass-through and
+hides `http.disconnect` from the endpoint. Each class here touches only the messages it must, since
+anything that wraps `send` runs once per SSE event.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import PayloadTooLarge, send_error
+from gateway.metrics import GatewayMetrics
+
+
+class RequestIdMiddleware:
+    """Take the client's X-Request-Id or mint one; echo it on the response; expose it in scope."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        # A per-process random prefix and a counter: unique, and far cheaper than uuid4 per request.
+        self._prefix = os.urandom(6).hex()
+        self._seq = itertools.count(1)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid: bytes | None = None
+        for k, v in scope["headers"]:
+            if k == b"x-request-id":
+                # Bound and sanitise: it is echoed into our logs and response headers.
+                rid = bytes(c for c in v[:128] if 33 <= c < 127) or None
+                break
+        if rid is None:
+            rid = f"{self._prefix}-{next(self._seq)}".encode()
+        scope.setdefault("state", {})["request_id"] = rid.decode()
+        header = (b"x-request-id", rid)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over `max_bytes`, counting what actually arrives (Content-Length can lie)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        too_large = PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        for k, v in scope["headers"]:
+            if k == b"content-length":
+                if v.isdigit() and int(v) > limit:
+                    # Declared too large: answer before reading a byte of it.
+                    await send_error(send, too_large, [(b"connection", b"close")])
+                    return
+                break
+
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise too_large
+            return message
+
+        # `send` is deliberately not wrapped (that would cost a call per SSE event): handlers read
+        # the body before they respond, and the proxy and FastAPI's handlers turn PayloadTooLarge
+        # into a 413 themselves. This catch is the net for anything that lets it escape.
+        try:
+            await self.app(scope, counting_receive, send)
+        except PayloadTooLarge:
+            await send_error(send, too_large, [(b"connection", b"close")])
+
+
+class InFlightMiddleware:
+    """Count HTTP requests in flight; per-request labels (model, backend) are the proxy's job."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.gauge = metrics.in_flight
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.gauge.inc()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.gauge.dec()

@@ -1,0 +1,285 @@
+"""The hot path: proxy one OpenAI completion request to a replica, streamed or not.
+
+This is a raw ASGI endpoint, not a FastAPI route function: a route would wrap every SSE event in
+Starlette's response machinery, and the per-event cost is what bounds the gateway (see README,
+performance). Rules it keeps:
+- retry on another replica only while nothing has reached the client; the response head is held
+  back until the first upstream body chunk for exactly that reason;
+- a stream that breaks after its first byte ends with one in-band error event and no [DONE];
+- a client disconnect at any point (queued, prefill, mid-stream) cancels the request, and the
+  upstream connection is closed, not pooled, so the engine aborts the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import orjson
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.api.schemas import Kind, ParsedRequest, parse_request
+from gateway.api.sse import SseRelay
+from gateway.errors import (
+    GatewayError,
+    ModelNotFound,
+    Unavailable,
+    UpstreamFailed,
+    normalize_upstream_error,
+    send_error,
+    sse_error_event,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.routing.backend import Backend
+from gateway.routing.router import Router
+from gateway.settings import GatewaySettings
+from gateway.transport.base import Transport, UpstreamResponse
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class ClientGone(Exception):
+    """The client disconnected; nothing more can be sent."""
+
+
+@dataclass(slots=True)
+class ProxyDeps:
+    settings: GatewaySettings
+    router: Router
+    transport: Transport
+    metrics: GatewayMetrics
+
+
+async def read_body(receive: Receive) -> bytes:
+    # The body-limit middleware wraps `receive` and stops oversized bodies before they pile up here.
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+
+
+class ProxyEndpoint:
+    def __init__(self, deps: ProxyDeps, path: str, kind: Kind) -> None:
+        self._d = deps
+        self._path = path
+        self._kind = kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            raw = await read_body(receive)
+            req = parse_request(raw, self._kind)
+        except ClientGone:
+            return
+        except GatewayError as exc:
+            await send_error(send, exc)
+            return
+
+        # From here the client may vanish at any await: watch for it in the background and cancel
+        # this task, which unwinds into the upstream response's close().
+        task = asyncio.current_task()
+        watcher = loop.create_task(_watch_disconnect(receive, task))
+        try:
+            await self._serve(scope, req, raw, send, started)
+        except asyncio.CancelledError:
+            if not watcher.done() or watcher.cancelled() or not watcher.result():
+                raise
+            # Our own cancellation for a disconnect: absorb it, the request is over.
+            if task is not None:
+                task.uncancel()
+        finally:
+            watcher.cancel()
+
+    async def _serve(
+        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, started: float
+    ) -> None:
+        d = self._d
+        model = req.model
+        if req.stream and not req.client_wants_usage:
+            # Ask for usage on our own account (token metrics); SseRelay strips it again.
+            req.body["stream_options"] = {**(req.body.get("stream_options") or {}),
+                                          "include_usage": True}
+            raw = orjson.dumps(req.body)
+        headers = _upstream_headers(scope)
+
+        tried: list[Backend] = []
+        last_error: GatewayError | None = None
+        for attempt in range(d.settings.retries + 1):
+            backend = d.router.pick(model, tried)
+            if backend is None:
+                break
+            if attempt:
+                d.metrics.retries.labels(model).inc()
+            tried.append(backend)
+            backend.acquire()
+            try:
+                done = await self._attempt(backend, req, raw, headers, send, started)
+            except GatewayError as exc:
+                # Nothing reached the client yet: safe to try another replica.
+                d.router.report_failure(backend)
+                d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
+                last_error = exc
+                continue
+            finally:
+                backend.release()
+            if done:
+                return
+
+        if last_error is None:
+            if not d.router.knows_model(model):
+                last_error = ModelNotFound(
+                    f"The model '{model}' does not exist or is not served here", param="model"
+                )
+            else:
+                last_error = Unavailable(
+                    f"no healthy replica for model '{model}'",
+                    retry_after=d.settings.health_interval_s,
+                )
+            d.metrics.requests.labels(model, "", str(last_error.status)).inc()
+        await send_error(send, last_error)
+
+    async def _attempt(
+        self,
+        backend: Backend,
+        req: ParsedRequest,
+        raw: bytes,
+        headers: dict[str, str],
+        send: Send,
+        started: float,
+    ) -> bool:
+        """One try on one replica. Raises GatewayError only while the client has seen nothing."""
+        d = self._d
+        resp = await d.transport.post(
+            backend.url + self._path, raw, headers, streaming=req.stream
+        )
+        try:
+            if resp.status != 200:
+                body = await resp.read()
+                resp.release()
+                if resp.status >= 500:
+                    raise UpstreamFailed(
+                        f"replica answered HTTP {resp.status}: "
+                        f"{body[:200].decode('utf-8', 'replace')}"
+                    )
+                # A 4xx is the caller's problem, not the replica's: no retry, no ejection.
+                d.router.report_success(backend)
+                await _send_json(send, resp.status, normalize_upstream_error(resp.status, body))
+                d.metrics.requests.labels(req.model, backend.url, str(resp.status)).inc()
+                return True
+            if req.stream:
+                await self._relay_stream(backend, req, resp, send, started)
+            else:
+                await self._relay_whole(backend, req, resp, send, started)
+            return True
+        except BaseException:
+            resp.close()
+            raise
+
+    async def _relay_whole(
+        self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
+        started: float,
+    ) -> None:
+        d = self._d
+        body = await resp.read()
+        resp.release()
+        d.router.report_success(backend)
+        await _send_json(send, 200, body)
+        m = d.metrics
+        now = asyncio.get_running_loop().time()
+        m.ttft.labels(req.model).observe(now - started)
+        m.e2e.labels(req.model).observe(now - started)
+        m.requests.labels(req.model, backend.url, "200").inc()
+        try:
+            usage = orjson.loads(body).get("usage") or {}
+            m.input_tokens.labels(req.model).inc(int(usage.get("prompt_tokens") or 0))
+            m.output_tokens.labels(req.model).inc(int(usage.get("completion_tokens") or 0))
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+            pass
+
+    async def _relay_stream(
+        self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
+        started: float,
+    ) -> None:
+        d = self._d
+        loop = asyncio.get_running_loop()
+        relay = SseRelay(strip_usage=not req.client_wants_usage)
+        # Hold the head until the first real bytes: until then a failure may still be retried.
+        first = b""
+        while not first:
+            chunk = await resp.readany()
+            if not chunk:
+                raise UpstreamFailed("replica closed the stream before its first event")
+            first = relay.feed(chunk)
+        d.router.report_success(backend)
+        ttft = loop.time() - started
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+
+        status = "200"
+        readany = resp.readany
+        feed = relay.feed
+        try:
+            while True:
+                chunk = await readany()
+                if not chunk:
+                    break
+                out = feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            tail = relay.flush()
+            if not relay.saw_done:
+                raise UpstreamFailed("replica ended the stream without [DONE]")
+            resp.release()
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+        except GatewayError as exc:
+            # Past the first byte there is no retry: end the stream with one in-band error event.
+            resp.close()
+            d.router.report_failure(backend)
+            status = str(exc.status)
+            await send({"type": "http.response.body", "body": sse_error_event(exc),
+                        "more_body": False})
+        except BaseException:
+            status = "499"  # client closed the request (disconnect cancels this task)
+            raise
+        finally:
+            m = d.metrics
+            m.ttft.labels(req.model).observe(ttft)
+            m.e2e.labels(req.model).observe(loop.time() - started)
+            m.requests.labels(req.model, backend.url, status).inc()
+            m.input_tokens.labels(req.model).inc(relay.prompt_tokens)
+            m.output_tokens.labels(req.model).inc(relay.completion_tokens)
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[object] | None) -> bool:
+    message: Message = await receive()
+    if message["type"] == "http.disconnect" and task is not None:
+        task.cancel()
+        return True
+    return False
+
+
+def _upstream_headers(scope: Scope) -> dict[str, str]:
+    headers = {"content-type": "application/json"}
+    rid = scope.get("state", {}).get("request_id")
+    if rid:
+        headers["x-request-id"] = rid
+    return headers
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())],
+    })
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,51 @@
+"""The non-hot endpoints: model list, liveness, readiness, metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.errors import Unavailable
+from gateway.metrics import GatewayMetrics
+from gateway.routing.router import Router
+
+
+def build_routes(
+    router: Router, metrics: GatewayMetrics, draining: Callable[[], bool], retry_after_s: float
+) -> APIRouter:
+    api = APIRouter()
+    created = int(time.time())
+
+    @api.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        # The union over available replicas: a model whose replicas are all down is not listed.
+        data = [
+            {"id": m, "object": "model", "created": created, "owned_by": "llmserve"}
+            for m in router.models()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @api.get("/health")
+    async def health() -> JSONResponse:
+        # Liveness only: the process answers. Backend trouble must not get the gateway restarted.
+        return JSONResponse({"status": "ok"})
+
+    @api.get("/ready")
+    async def ready() -> JSONResponse:
+        if draining():
+            raise Unavailable("gateway is draining", retry_after=retry_after_s)
+        if not router.ready():
+            raise Unavailable("no healthy backend yet", retry_after=retry_after_s)
+        return JSONResponse({"status": "ready", "backends": len(router.backends())})
+
+    @api.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        for b in router.backends():
+            metrics.backend_outstanding.labels(b.url).set(b.outstanding)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return api

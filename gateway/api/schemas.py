@@ -1,0 +1,123 @@
+"""Request validation for the OpenAI endpoints the gateway proxies.
+
+Deliberately hand-written instead of full pydantic models: this runs on every request, and the
+engine validates the long tail of sampling fields itself (its 400s come back through
+`errors.normalize_upstream_error`). Here we check what the gateway itself depends on (model,
+stream, stream_options) plus the fields whose wrong types would otherwise surface as confusing
+engine errors, and answer with OpenAI's 400 naming the `param`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from gateway.errors import InvalidRequest
+
+Kind = Literal["chat", "completion"]
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    kind: Kind
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    client_wants_usage: bool
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_int(body: dict[str, Any], name: str, minimum: int) -> None:
+    v = body.get(name)
+    if v is not None and (not _is_int(v) or v < minimum):
+        raise InvalidRequest(f"{name} must be an integer >= {minimum}", param=name)
+
+
+def _check_number(body: dict[str, Any], name: str, lo: float, hi: float) -> None:
+    v = body.get(name)
+    if v is not None and (not _is_number(v) or not lo <= v <= hi):
+        raise InvalidRequest(f"{name} must be a number between {lo:g} and {hi:g}", param=name)
+
+
+def _check_messages(v: object) -> None:
+    if not isinstance(v, list) or not v:
+        raise InvalidRequest("messages must be a non-empty array", param="messages")
+    for i, m in enumerate(v):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidRequest(
+                f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
+            )
+
+
+def _check_prompt(v: object) -> None:
+    if isinstance(v, str):
+        return
+    if isinstance(v, list) and v:
+        if all(isinstance(p, str) for p in v) or all(_is_int(p) for p in v):
+            return
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in v):
+            return
+    raise InvalidRequest(
+        "prompt must be a string, an array of strings, or an array (of arrays) of token ids",
+        param="prompt",
+    )
+
+
+def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
+    if not raw:
+        raise InvalidRequest("request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc.msg}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model is required and must be a non-empty string", param="model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidRequest("stream must be a boolean", param="stream")
+
+    if kind == "chat":
+        _check_messages(body.get("messages"))
+    elif "prompt" not in body:
+        raise InvalidRequest("prompt is required", param="prompt")
+    else:
+        _check_prompt(body["prompt"])
+
+    wants_usage = False
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise InvalidRequest("stream_options must be an object", param="stream_options")
+        if not stream:
+            raise InvalidRequest(
+                "stream_options is only allowed when stream is true", param="stream_options"
+            )
+        iu = so.get("include_usage", False)
+        if not isinstance(iu, bool):
+            raise InvalidRequest(
+                "stream_options.include_usage must be a boolean",
+                param="stream_options.include_usage",
+            )
+        wants_usage = iu
+
+    _check_int(body, "max_tokens", 1)
+    _check_int(body, "max_completion_tokens", 1)
+    _check_int(body, "n", 1)
+    _check_number(body, "temperature", 0.0, 2.0)
+    _check_number(body, "top_p", 0.0, 1.0)
+    return ParsedRequest(kind, body, model, stream, wants_usage)

@@ -1,0 +1,79 @@
+"""Per-chunk work on an upstream SSE stream: framing, usage accounting, usage stripping.
+
+Chunks are forwarded as they arrive (several events may share one chunk under load; that is a free
+win, not buffering). Only two things are ever held back:
+- a trailing partial event, until its end arrives, so the client never sees half an event and the
+  usage scan below always sees whole events;
+- the usage event, when the gateway asked for usage on its own account and the client did not.
+
+The common chunk costs two C-level byte scans (`endswith`, `in`) and nothing else.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+_SEP = b"\n\n"
+_DONE = b"data: [DONE]\n\n"
+# vLLM emits compact JSON; the spaced form covers other OpenAI-compatible upstreams.
+_USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+
+
+class SseRelay:
+    __slots__ = ("_strip_usage", "_pending", "prompt_tokens", "completion_tokens", "saw_done")
+
+    def __init__(self, strip_usage: bool) -> None:
+        self._strip_usage = strip_usage
+        self._pending = b""
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.saw_done = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Return the bytes to forward now (possibly b"")."""
+        if self._pending:
+            chunk = self._pending + chunk
+            self._pending = b""
+        if not chunk.endswith(_SEP):
+            cut = chunk.rfind(_SEP)
+            if cut < 0:
+                self._pending = chunk
+                return b""
+            self._pending = chunk[cut + 2 :]
+            chunk = chunk[: cut + 2]
+        if _USAGE_MARKERS[0] in chunk or _USAGE_MARKERS[1] in chunk:
+            chunk = self._take_usage(chunk)
+        if chunk.endswith(_DONE):
+            self.saw_done = True
+        return chunk
+
+    def flush(self) -> bytes:
+        """At upstream EOF: whatever partial event is left (a well-formed stream leaves none)."""
+        rest, self._pending = self._pending, b""
+        return rest
+
+    def _take_usage(self, chunk: bytes) -> bytes:
+        kept: list[bytes] = []
+        for event in chunk.split(_SEP)[:-1]:
+            if _USAGE_MARKERS[0] in event or _USAGE_MARKERS[1] in event:
+                usage_only = self._record_usage(event)
+                if usage_only and self._strip_usage:
+                    continue
+            kept.append(event + _SEP)
+        return b"".join(kept)
+
+    def _record_usage(self, event: bytes) -> bool:
+        """Record the usage an event carries; True if it is the usage-only final chunk."""
+        data = event[6:] if event.startswith(b"data: ") else event.partition(b"data:")[2]
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(obj, dict):
+            return False
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            # With continuous usage stats every chunk carries running totals: keep the latest.
+            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            self.completion_tokens = int(usage.get("completion_tokens") or 0)
+        return obj.get("choices") == [] and isinstance(usage, dict)

@@ -1,0 +1,220 @@
+"""The OpenAI error model and every exception handler of the gateway.
+
+Every non-2xx body the gateway emits comes from here, in OpenAI's shape:
+``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``.
+Raw-ASGI code (middleware, the streaming proxy) uses `send_error`; FastAPI routes raise
+`GatewayError` subclasses and `install_handlers` turns them (and FastAPI's own errors) into the same
+shape. No handler ever echoes a traceback to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import Send
+
+log = logging.getLogger("gateway.errors")
+
+
+class GatewayError(Exception):
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        h = [(b"content-type", b"application/json")]
+        if self.retry_after is not None:
+            # Retry-After is whole seconds; never advertise 0, which invites a hot retry loop.
+            h.append((b"retry-after", str(max(1, round(self.retry_after))).encode()))
+        return h
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class UpstreamFailed(GatewayError):
+    status = 502
+    type = "server_error"
+    code = "upstream_error"
+
+
+class Unavailable(GatewayError):
+    status = 503
+    type = "server_error"
+    code = "service_unavailable"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "server_error"
+    code = "upstream_timeout"
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+def sse_error_event(exc: GatewayError) -> bytes:
+    """The single in-band event that ends a stream which broke after its first byte."""
+    return b"data: " + exc.body() + b"\n\n"
+
+
+async def send_error(
+    send: Send, exc: GatewayError, extra_headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    body = exc.body()
+    headers = exc.headers()
+    headers.extend(extra_headers)
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def normalize_upstream_error(status: int, body: bytes) -> bytes:
+    """Give an engine's error body OpenAI's shape, whatever it was (vLLM versions differ)."""
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = None
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return error_body(
+            err["message"],
+            str(err.get("type") or _type_for(status)),
+            _str_or_none(err.get("param")),
+            _str_or_none(err.get("code")),
+        )
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        # Older vLLM: {"object": "error", "message": ..., "type": ..., "code": 400}
+        return error_body(
+            data["message"],
+            str(data.get("type") or _type_for(status)),
+            _str_or_none(data.get("param")),
+            _str_or_none(data.get("code")),
+        )
+    text = body.decode("utf-8", "replace").strip()[:500] or f"upstream returned HTTP {status}"
+    return error_body(text, _type_for(status), None, None)
+
+
+def _str_or_none(v: object) -> str | None:
+    return None if v is None else str(v)
+
+
+def _type_for(status: int) -> str:
+    return "invalid_request_error" if 400 <= status < 500 else "server_error"
+
+
+def _json(exc: GatewayError) -> Response:
+    return Response(
+        exc.body(),
+        status_code=exc.status,
+        headers={k.decode(): v.decode() for k, v in exc.headers()},
+    )
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msg = str(first.get("msg", "invalid value"))
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def install_handlers(app: FastAPI) -> None:
+    async def on_gateway_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, GatewayError)
+        return _json(exc)
+
+    async def on_validation(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        message, param = _validation_message(exc)
+        # OpenAI answers malformed requests with 400, not FastAPI's 422.
+        return _json(InvalidRequest(message, param=param))
+
+    async def on_http(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        mapped: GatewayError
+        if exc.status_code == 404:
+            mapped = NotFound(str(exc.detail))
+        elif exc.status_code == 405:
+            mapped = MethodNotAllowed(str(exc.detail))
+        else:
+            mapped = GatewayError(str(exc.detail))
+            mapped.status = exc.status_code
+            mapped.type = _type_for(exc.status_code)
+        return _json(mapped)
+
+    async def on_unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return _json(GatewayError("internal error"))
+
+    app.add_exception_handler(GatewayError, on_gateway_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

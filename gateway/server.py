@@ -1,0 +1,59 @@
+"""Gateway lifecycle, in the order it happens (modelled on uvicorn's server.py).
+
+1. Start-up: settings are validated before anything binds; the app's lifespan starts discovery and
+   health probing.
+2. Readiness: /ready answers 200 once at least one replica passed its probe.
+3. Drain on SIGTERM: /ready turns 503 at once, so Kubernetes stops sending new traffic, and
+   in-flight requests (streams included) get up to `drain_timeout_s` to finish.
+4. Shutdown: whatever is still running after the drain is cut; the lifespan stops probing and
+   closes upstream connections.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import FrameType
+
+import uvicorn
+
+from gateway.app import GatewayState, build_app
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger("gateway")
+
+
+class _DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: GatewayState) -> None:
+        super().__init__(config)
+        self._state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Step 3: flip readiness before uvicorn stops accepting, then let uvicorn's graceful
+        # shutdown (bounded by timeout_graceful_shutdown) wait for in-flight requests.
+        if not self._state.draining:
+            log.info("signal %s: draining for up to %ss", sig, self._state.settings.drain_timeout_s)
+        self._state.draining = True
+        super().handle_exit(sig, frame)
+
+
+def run(settings: GatewaySettings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    app = build_app(settings)
+    state: GatewayState = app.state.gateway
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        # uvloop + httptools: the C event loop and parser carry the per-event cost.
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,  # per-request log lines cost more than the proxying itself
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
+        timeout_keep_alive=75,
+        backlog=4096,
+    )
+    _DrainingServer(config, state).run()

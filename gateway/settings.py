@@ -1,0 +1,108 @@
+"""GatewaySettings: the one immutable, validated configuration object of the gateway.
+
+Built once at start-up from env (`GATEWAY_*`) and CLI flags, then passed down explicitly; nothing
+reads the environment after that, so tests build as many independent gateways as they like.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Timeouts(BaseModel):
+    """Every deadline of one upstream request, as one value object.
+
+    `first_byte_s` covers the engine's queueing and prefill, so it is far longer than `connect_s`;
+    `idle_s` bounds the gap between two SSE events once tokens flow; `total_s` caps the request.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    connect_s: float = Field(2.0, gt=0, description="TCP connect to a backend")
+    first_byte_s: float = Field(120.0, gt=0, description="request sent -> first response byte")
+    idle_s: float = Field(60.0, gt=0, description="max gap between two upstream chunks")
+    total_s: float = Field(900.0, gt=0, description="whole request, start to end")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Timeouts:
+        if self.connect_s > self.total_s or self.first_byte_s > self.total_s:
+            raise ValueError(
+                "GATEWAY_TIMEOUTS: connect_s and first_byte_s must not exceed total_s "
+                f"(connect_s={self.connect_s}, first_byte_s={self.first_byte_s}, "
+                f"total_s={self.total_s})"
+            )
+        return self
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    host: str = Field("0.0.0.0", description="address to listen on")
+    port: int = Field(8000, ge=1, le=65535, description="port to listen on")
+
+    discovery: Literal["static", "dns", "kubernetes"] = Field(
+        "static", description="how backends are found: static list, DNS A records, EndpointSlices"
+    )
+    backends: list[str] = Field(
+        default_factory=list, description="static backend base URLs, e.g. http://10.0.0.7:8000"
+    )
+    dns_name: str | None = Field(None, description="headless Service name (discovery=dns)")
+    dns_port: int = Field(8000, ge=1, le=65535, description="backend port (discovery=dns)")
+    dns_interval_s: float = Field(5.0, gt=0, description="DNS re-resolution period")
+    k8s_namespace: str | None = Field(
+        None, description="namespace of the worker Service (discovery=kubernetes; default: own)"
+    )
+    k8s_service: str | None = Field(None, description="worker Service name (discovery=kubernetes)")
+    k8s_port: int = Field(8000, ge=1, le=65535, description="backend port (discovery=kubernetes)")
+
+    routing_policy: str = Field("least_outstanding", description="replica selection policy")
+    health_interval_s: float = Field(2.0, gt=0, description="active /health probe period")
+    eject_after_failures: int = Field(
+        3, ge=1, description="consecutive request failures before a backend is ejected"
+    )
+    eject_for_s: float = Field(10.0, gt=0, description="how long an ejected backend sits out")
+    retries: int = Field(
+        1, ge=0, le=5, description="extra attempts on other replicas, only before the first byte"
+    )
+
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="largest request body accepted (counted, not trusted)"
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("backends")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        out = []
+        for url in v:
+            url = url.strip().rstrip("/")
+            if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
+                raise ValueError(
+                    f"GATEWAY_BACKENDS: {url!r} is not a base URL like http://host:port"
+                )
+            out.append(url)
+        return out
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GatewaySettings:
+        if self.discovery == "dns" and not self.dns_name:
+            raise ValueError("GATEWAY_DNS_NAME is required when GATEWAY_DISCOVERY=dns")
+        if self.discovery == "kubernetes" and not self.k8s_service:
+            raise ValueError("GATEWAY_K8S_SERVICE is required when GATEWAY_DISCOVERY=kubernetes")
+        if self.discovery == "static" and self.backends and len(set(self.backends)) != len(
+            self.backends
+        ):
+            raise ValueError("GATEWAY_BACKENDS lists the same backend twice")
+        return self

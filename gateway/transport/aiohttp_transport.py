@@ -1,0 +1,188 @@
+"""Upstream transport on aiohttp.
+
+Why aiohttp and not httpx's default transport: on one pinned core, httpx's transport managed 190-260
+streamed requests/s against aiohttp's 1,450+ (shared notes, and bench/gateway_overhead.py).
+
+Deadlines: aiohttp's own `sock_read` timeout cancels and re-arms a timer on every received chunk.
+`_Deadline` instead records the time of the last chunk (one cheap clock read per chunk) and lets one
+timer per request wake up lazily, so the per-SSE-event cost stays a float store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+
+import aiohttp
+
+from gateway.errors import UpstreamFailed, UpstreamTimeout
+from gateway.settings import Timeouts
+
+
+class _Deadline:
+    """One lazily re-armed timer covering first byte, inter-chunk idle and total time."""
+
+    __slots__ = ("_loop", "_t", "_start", "last", "got_first", "expired", "_handle", "_on_expire")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, t: Timeouts, on_expire: object) -> None:
+        self._loop = loop
+        self._t = t
+        self._start = loop.time()
+        self.last = self._start
+        self.got_first = False
+        self.expired: str | None = None
+        self._on_expire = on_expire
+        self._handle: asyncio.TimerHandle | None = loop.call_at(self._next(), self._check)
+
+    def _next(self) -> float:
+        t = self._t
+        gap = self.last + t.idle_s if self.got_first else self._start + t.first_byte_s
+        return min(gap, self._start + t.total_s)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        due = self._next()
+        if now < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._handle = None
+        t = self._t
+        if now >= self._start + t.total_s:
+            self.expired = f"total time of {t.total_s:g}s"
+        elif self.got_first:
+            self.expired = f"no data for {t.idle_s:g}s"
+        else:
+            self.expired = f"no first byte within {t.first_byte_s:g}s"
+        self._on_expire()  # type: ignore[operator]
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class AiohttpResponse:
+    __slots__ = ("_resp", "_content", "_deadline", "status", "_loop")
+
+    def __init__(self, resp: aiohttp.ClientResponse, deadline: _Deadline) -> None:
+        self._resp = resp
+        self._content = resp.content
+        self._deadline = deadline
+        self._loop = deadline._loop
+        self.status = resp.status
+
+    @property
+    def timed_out(self) -> bool:
+        return self._deadline.expired is not None
+
+    def _failure(self, exc: BaseException) -> Exception:
+        if self._deadline.expired is not None:
+            return UpstreamTimeout(f"upstream timed out: {self._deadline.expired}")
+        return UpstreamFailed(f"upstream connection broke: {type(exc).__name__}")
+
+    async def read(self) -> bytes:
+        try:
+            data = await self._resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            self.close()
+            raise self._failure(exc) from None
+        if self._deadline.expired is not None:
+            raise UpstreamTimeout(f"upstream timed out: {self._deadline.expired}")
+        return data
+
+    async def readany(self) -> bytes:
+        try:
+            data = await self._content.readany()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            self.close()
+            raise self._failure(exc) from None
+        d = self._deadline
+        if d.expired is not None:
+            raise UpstreamTimeout(f"upstream timed out: {d.expired}")
+        # The hot path: one clock read and two stores per chunk; the timer re-arms itself lazily.
+        d.last = self._loop.time()
+        d.got_first = True
+        return data
+
+    def close(self) -> None:
+        self._deadline.cancel()
+        self._resp.close()
+
+    def release(self) -> None:
+        self._deadline.cancel()
+        self._resp.release()
+
+
+class AiohttpTransport:
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._timeouts = timeouts
+        self._session: aiohttp.ClientSession | None = None
+
+    def _ensure(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=0,  # admission control is the gateway's job, not the connection pool's
+                keepalive_timeout=30,
+                enable_cleanup_closed=False,
+                ttl_dns_cache=10,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=None, sock_connect=self._timeouts.connect_s
+                ),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                json_serialize=json.dumps,
+            )
+        return self._session
+
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], *, streaming: bool
+    ) -> AiohttpResponse:
+        session = self._ensure()
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        holder: list[aiohttp.ClientResponse] = []
+
+        def expire() -> None:
+            # Before the head arrives there is no response to close: cancel the waiting task.
+            if holder:
+                holder[0].close()
+            elif task is not None:
+                task.cancel()
+
+        t = self._timeouts
+        if not streaming:
+            # A non-streamed answer sends its first byte only after the last token.
+            t = Timeouts(connect_s=t.connect_s, first_byte_s=t.total_s, idle_s=t.idle_s,
+                         total_s=t.total_s)
+        deadline = _Deadline(loop, t, expire)
+        try:
+            resp = await session.post(url, data=body, headers=headers)
+        except asyncio.CancelledError:
+            if deadline.expired is not None:
+                raise UpstreamTimeout(f"upstream timed out: {deadline.expired}") from None
+            deadline.cancel()
+            raise
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            deadline.cancel()
+            raise UpstreamFailed(f"upstream unreachable: {type(exc).__name__}") from None
+        holder.append(resp)
+        return AiohttpResponse(resp, deadline)
+
+    async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
+        session = self._ensure()
+        try:
+            async with session.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise UpstreamFailed(f"GET {url} failed: {type(exc).__name__}") from None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
