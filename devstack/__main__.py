@@ -1,0 +1,80 @@
+"""`python -m devstack`: the README's `make up`. Ctrl-C stops everything, no orphans left."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from devstack.stack import LocalStack
+
+BANNER = """
+llmserve is up: {n} vLLM-CPU workers behind the gateway at {url}
+
+  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}], "temperature": 0}}'
+
+  python - <<'PY'
+  from openai import OpenAI
+  client = OpenAI(base_url="{url}/v1", api_key="unused")
+  r = client.chat.completions.create(model="{model}", temperature=0,
+        messages=[{{"role": "user", "content": "What is the capital of France?"}}])
+  print(r.choices[0].message.content)
+  PY
+
+Metrics: {url}/metrics   Logs: {logs}/   Stop: Ctrl-C
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m devstack", description=__doc__)
+    p.add_argument("--model-dir", type=Path, required=True, help="bootstrapped model directory")
+    p.add_argument("--workers", type=int, default=2, help="data-parallel vLLM-CPU replicas")
+    p.add_argument("--port", type=int, default=8000, help="gateway port")
+    p.add_argument("--worker-base-port", type=int, default=8101, help="first worker port")
+    p.add_argument("--log-dir", type=Path, default=Path("run/logs"), help="process logs")
+    args = p.parse_args(argv)
+    if args.workers < 1:
+        p.exit(2, "--workers must be >= 1\n")
+
+    stack = LocalStack(args.model_dir, workers=args.workers, gateway_port=args.port,
+                       worker_base_port=args.worker_base_port, log_dir=args.log_dir)
+    stopping = False
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        print(f"starting {args.workers} vLLM-CPU workers (2-3 minutes on 2 cores; "
+              f"logs in {args.log_dir}/) ...", flush=True)
+        stack.start_workers()
+        stack.wait_workers()
+        stack.start_gateway()
+        stack.wait_gateway()
+        print(BANNER.format(n=args.workers, url=stack.gateway_url, model=args.model_dir.name,
+                            logs=args.log_dir), flush=True)
+        while True:
+            for proc in stack.all_procs():
+                if not proc.alive():
+                    print(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.tail()}",
+                          file=sys.stderr)
+                    return 1
+            time.sleep(1)
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"devstack: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

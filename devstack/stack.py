@@ -1,0 +1,96 @@
+"""Start N data-parallel vLLM-CPU workers and the gateway on this machine, and stop them cleanly."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devstack.procs import Proc
+
+
+def wait_http_ok(url: str, timeout_s: float, procs: list[Proc]) -> None:
+    """Poll `url` until it answers 200; fail fast if a process we depend on has died."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}:\n{p.tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s")
+
+
+@dataclass
+class LocalStack:
+    model_dir: Path
+    workers: int = 2
+    gateway_port: int = 8000
+    worker_base_port: int = 8101
+    host: str = "127.0.0.1"
+    log_dir: Path = Path("run/logs")
+    kv_cache_gib: int = 1
+    gateway_args: list[str] = field(default_factory=list)
+    worker_procs: list[Proc] = field(default_factory=list)
+    gateway_proc: Proc | None = None
+
+    @property
+    def worker_urls(self) -> list[str]:
+        return [f"http://{self.host}:{self.worker_base_port + i}" for i in range(self.workers)]
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.host}:{self.gateway_port}"
+
+    def start_workers(self) -> None:
+        cores = os.cpu_count() or 1
+        for i in range(self.workers):
+            env = dict(os.environ)
+            env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+            argv = [
+                sys.executable, "-m", "worker",
+                "--model-path", str(self.model_dir),
+                "--device", "cpu",
+                "--host", self.host,
+                "--port", str(self.worker_base_port + i),
+                "--cpu-kvcache-space-gib", str(self.kv_cache_gib),
+                # One core per replica: DP replicas sharing cores just fight over them.
+                "--cpu-threads-bind", str(i % cores),
+                "--drain-timeout-s", "5",
+            ]
+            self.worker_procs.append(
+                Proc(f"worker-{i}", argv, env, self.log_dir / f"worker-{i}.log")
+            )
+
+    def wait_workers(self, timeout_s: float = 600) -> None:
+        for url in self.worker_urls:
+            wait_http_ok(url + "/health", timeout_s, self.worker_procs)
+
+    def start_gateway(self) -> None:
+        argv = [sys.executable, "-m", "gateway", "--host", self.host,
+                "--port", str(self.gateway_port)]
+        for url in self.worker_urls:
+            argv += ["--backend", url]
+        argv += self.gateway_args
+        self.gateway_proc = Proc("gateway", argv, dict(os.environ), self.log_dir / "gateway.log")
+
+    def wait_gateway(self, timeout_s: float = 60) -> None:
+        assert self.gateway_proc is not None
+        wait_http_ok(self.gateway_url + "/ready", timeout_s, [self.gateway_proc])
+
+    def all_procs(self) -> list[Proc]:
+        return ([self.gateway_proc] if self.gateway_proc else []) + self.worker_procs
+
+    def stop(self) -> None:
+        # Gateway first so no new request reaches a worker that is going away.
+        for p in self.all_procs():
+            p.stop()
