@@ -33,18 +33,22 @@ class _Deadline:
         self.got_first = False
         self.expired: str | None = None
         self._on_expire = on_expire
-        self._handle: asyncio.TimerHandle | None = loop.call_at(self._next(), self._check)
+        self._handle: asyncio.TimerHandle | None = loop.call_at(self._wake_at(), self._check)
 
     def _next(self) -> float:
         t = self._t
         gap = self.last + t.idle_s if self.got_first else self._start + t.first_byte_s
         return min(gap, self._start + t.total_s)
 
+    def _wake_at(self) -> float:
+        # A first chunk arriving later can pull the deadline in to (its time + idle_s), never
+        # earlier than now + idle_s: waking at that bound keeps the timer lazy and never late.
+        return min(self._next(), self._loop.time() + self._t.idle_s)
+
     def _check(self) -> None:
         now = self._loop.time()
-        due = self._next()
-        if now < due:
-            self._handle = self._loop.call_at(due, self._check)
+        if now < self._next():
+            self._handle = self._loop.call_at(self._wake_at(), self._check)
             return
         self._handle = None
         t = self._t
