@@ -73,7 +73,7 @@ class GatewaySettings(BaseSettings):
         1, ge=0, le=5, description="extra attempts on other replicas, only before the first byte"
     )
 
-    timeouts: Timeouts = Field(default_factory=Timeouts)
+    timeouts: Timeouts = Field(default_factory=lambda: Timeouts())
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="largest request body accepted (counted, not trusted)"
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import aiohttp
 
@@ -25,7 +25,9 @@ class _Deadline:
 
     __slots__ = ("_loop", "_t", "_start", "last", "got_first", "expired", "_handle", "_on_expire")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, t: Timeouts, on_expire: object) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, t: Timeouts, on_expire: Callable[[], None]
+    ) -> None:
         self._loop = loop
         self._t = t
         self._start = loop.time()
@@ -58,7 +60,7 @@ class _Deadline:
             self.expired = f"no data for {t.idle_s:g}s"
         else:
             self.expired = f"no first byte within {t.first_byte_s:g}s"
-        self._on_expire()  # type: ignore[operator]
+        self._on_expire()
 
     def cancel(self) -> None:
         if self._handle is not None:
