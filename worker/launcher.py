@@ -67,8 +67,9 @@ def wait_for_marker(
         remaining = deadline - clock()
         if remaining <= 0:
             raise MarkerTimeout(
-                f"model directory {model_dir} is not complete: no valid {marker_path(model_dir).name} "
-                f"after WORKER_MARKER_TIMEOUT_S={timeout_s:g}s (is the model download running?)"
+                f"model directory {model_dir} is not complete: no valid "
+                f"{marker_path(model_dir).name} after WORKER_MARKER_TIMEOUT_S={timeout_s:g}s "
+                "(is the model download running?)"
             )
         stop.wait(min(poll_s, remaining))
     return True
@@ -170,7 +171,9 @@ class Launcher:
         while self.process.poll() is None and not self.should_exit.is_set():
             self.should_exit.wait(self.poll_s)
         if self.process.returncode is not None:
-            logger.info("vLLM exited by itself with status %d", exit_status(self.process.returncode))
+            logger.info(
+                "vLLM exited by itself with status %d", exit_status(self.process.returncode)
+            )
         else:
             logger.info("signal %s received; stopping vLLM", self.received_signal)
 

@@ -37,7 +37,9 @@ def read_model_shape(model_path: Path) -> ModelShape:
     try:
         raw: Any = json.loads(source.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise SettingsError(f"WORKER_MODEL_PATH={model_path}: cannot read {source} ({exc})") from None
+        raise SettingsError(
+            f"WORKER_MODEL_PATH={model_path}: cannot read {source} ({exc})"
+        ) from None
     except ValueError as exc:
         raise SettingsError(f"{source} is not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
@@ -48,7 +50,11 @@ def read_model_shape(model_path: Path) -> ModelShape:
         config = raw["text_config"]
     heads = _int_field(config, "num_attention_heads", source)
     # Configs without the key use plain multi-head attention: one KV head per attention head.
-    kv_heads = _int_field(config, "num_key_value_heads", source) if "num_key_value_heads" in config else heads
+    kv_heads = (
+        _int_field(config, "num_key_value_heads", source)
+        if "num_key_value_heads" in config
+        else heads
+    )
     layers = _int_field(config, "num_hidden_layers", source)
     return ModelShape(source, heads, kv_heads, layers)
 
@@ -61,20 +67,22 @@ def check_layout(settings: WorkerSettings, shape: ModelShape) -> None:
     """Raise SettingsError (one line per problem) if the layout cannot shard this model."""
     problems: list[str] = []
     tp, pp = settings.tensor_parallel_size, settings.pipeline_parallel_size
-    valid_tp = ", ".join(map(str, _divisors(math.gcd(shape.num_attention_heads, shape.num_key_value_heads))))
+    valid_tp = ", ".join(
+        map(str, _divisors(math.gcd(shape.num_attention_heads, shape.num_key_value_heads)))
+    )
     for key, heads in (
         ("num_attention_heads", shape.num_attention_heads),
         ("num_key_value_heads", shape.num_key_value_heads),
     ):
         if heads % tp:
             problems.append(
-                f"WORKER_TENSOR_PARALLEL_SIZE={tp} does not divide {key}={heads} of {shape.source}; "
-                f"use one of {valid_tp}"
+                f"WORKER_TENSOR_PARALLEL_SIZE={tp} does not divide {key}={heads} of "
+                f"{shape.source}; use one of {valid_tp}"
             )
     if pp > shape.num_hidden_layers:
         problems.append(
-            f"WORKER_PIPELINE_PARALLEL_SIZE={pp} exceeds num_hidden_layers={shape.num_hidden_layers} "
-            f"of {shape.source}: every stage needs at least one layer"
+            f"WORKER_PIPELINE_PARALLEL_SIZE={pp} exceeds num_hidden_layers="
+            f"{shape.num_hidden_layers} of {shape.source}: every stage needs at least one layer"
         )
     if problems:
         raise SettingsError("; ".join(problems))

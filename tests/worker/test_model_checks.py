@@ -33,15 +33,20 @@ def test_multimodal_text_config_is_used(tmp_path: Path) -> None:
 @pytest.mark.parametrize("tp", [1, 3])
 def test_valid_layouts_pass(make_model_dir: ModelDirFactory, tp: int) -> None:
     shape = read_model_shape(make_model_dir())
-    check_layout(load_settings(model_path="/m", tensor_parallel_size=tp, pipeline_parallel_size=30), shape)
+    check_layout(
+        load_settings(model_path="/m", tensor_parallel_size=tp, pipeline_parallel_size=30), shape
+    )
 
 
 def test_tp_must_divide_attention_heads(make_model_dir: ModelDirFactory) -> None:
     model = make_model_dir(heads=9, kv_heads=3)
     with pytest.raises(SettingsError) as caught:
-        check_layout(load_settings(model_path=model, tensor_parallel_size=2), read_model_shape(model))
+        check_layout(
+            load_settings(model_path=model, tensor_parallel_size=2), read_model_shape(model)
+        )
     assert str(caught.value).startswith(
-        f"WORKER_TENSOR_PARALLEL_SIZE=2 does not divide num_attention_heads=9 of {model}/config.json;"
+        "WORKER_TENSOR_PARALLEL_SIZE=2 does not divide num_attention_heads=9 of "
+        f"{model}/config.json;"
         " use one of 1, 3"
     )
 
@@ -49,7 +54,9 @@ def test_tp_must_divide_attention_heads(make_model_dir: ModelDirFactory) -> None
 def test_tp_must_divide_kv_heads(make_model_dir: ModelDirFactory) -> None:
     model = make_model_dir(heads=8, kv_heads=2)
     with pytest.raises(SettingsError) as caught:
-        check_layout(load_settings(model_path=model, tensor_parallel_size=4), read_model_shape(model))
+        check_layout(
+            load_settings(model_path=model, tensor_parallel_size=4), read_model_shape(model)
+        )
     message = str(caught.value)
     assert "does not divide num_key_value_heads=2" in message
     assert "num_attention_heads" not in message
@@ -58,8 +65,12 @@ def test_tp_must_divide_kv_heads(make_model_dir: ModelDirFactory) -> None:
 
 def test_pp_cannot_exceed_layers(make_model_dir: ModelDirFactory) -> None:
     model = make_model_dir(layers=4)
-    with pytest.raises(SettingsError, match="WORKER_PIPELINE_PARALLEL_SIZE=5 exceeds num_hidden_layers=4"):
-        check_layout(load_settings(model_path=model, pipeline_parallel_size=5), read_model_shape(model))
+    with pytest.raises(
+        SettingsError, match="WORKER_PIPELINE_PARALLEL_SIZE=5 exceeds num_hidden_layers=4"
+    ):
+        check_layout(
+            load_settings(model_path=model, pipeline_parallel_size=5), read_model_shape(model)
+        )
 
 
 def test_missing_config_names_the_model_path(tmp_path: Path) -> None:
@@ -72,7 +83,10 @@ def test_missing_config_names_the_model_path(tmp_path: Path) -> None:
     [
         ("{not json", "is not valid JSON"),
         ("[]", "is not a JSON object"),
-        ('{"num_attention_heads": 8, "num_hidden_layers": "many"}', "no positive integer 'num_hidden_layers'"),
+        (
+            '{"num_attention_heads": 8, "num_hidden_layers": "many"}',
+            "no positive integer 'num_hidden_layers'",
+        ),
     ],
 )
 def test_malformed_config(tmp_path: Path, content: str, message: str) -> None:

@@ -67,8 +67,10 @@ def test_explicit_worker_values_win_over_lws(monkeypatch: pytest.MonkeyPatch) ->
     ("raw", "expected"),
     [
         ('["--enforce-eager", "--seed", "7"]', ["--enforce-eager", "--seed", "7"]),
-        ("--enforce-eager --chat-template-content-format 'string value'",
-         ["--enforce-eager", "--chat-template-content-format", "string value"]),
+        (
+            "--enforce-eager --chat-template-content-format 'string value'",
+            ["--enforce-eager", "--chat-template-content-format", "string value"],
+        ),
         ("", []),
     ],
 )
@@ -93,23 +95,53 @@ def test_extra_args_from_env_json_or_shell(
         ({"dtype": "fp8"}, "WORKER_DTYPE: unknown dtype 'fp8'"),
         ({"marker_timeout_s": 0}, "WORKER_MARKER_TIMEOUT_S: Input should be greater than 0"),
         ({"extra_args": "[oops"}, "WORKER_EXTRA_ARGS: not a valid JSON list"),
-        ({"node_rank": 2, "nnodes": 2, "master_addr": "a", "pipeline_parallel_size": 2},
-         "WORKER_NODE_RANK=2 must be below WORKER_NNODES=2"),
-        ({"nnodes": 2, "pipeline_parallel_size": 2}, "WORKER_MASTER_ADDR is required when WORKER_NNODES=2"),
-        ({"nnodes": 2, "master_addr": "a"},
-         "WORKER_PIPELINE_PARALLEL_SIZE=1 must be a multiple of WORKER_NNODES=2"),
-        ({"nnodes": 2, "master_addr": "a", "pipeline_parallel_size": 3},
-         "WORKER_PIPELINE_PARALLEL_SIZE=3 must be a multiple of WORKER_NNODES=2"),
-        ({"nnodes": 2, "master_addr": "a", "pipeline_parallel_size": 2, "master_port": 8000},
-         "WORKER_MASTER_PORT=8000 collides with WORKER_PORT=8000"),
-        ({"device": "cpu", "dtype": "bfloat16"}, "WORKER_DTYPE=bfloat16 is refused on WORKER_DEVICE=cpu"),
-        ({"device": "cpu", "dtype": "float16"}, "WORKER_DTYPE=float16 is refused on WORKER_DEVICE=cpu"),
-        ({"device": "cpu", "pipeline_parallel_size": 2, "cpu_threads_bind": "0"},
-         "WORKER_CPU_THREADS_BIND='0' has 1 group(s) but this node runs 2 local rank(s)"),
-        ({"device": "cpu", "cpu_threads_bind": "0||1"}, "WORKER_CPU_THREADS_BIND='0||1' has an empty group"),
+        (
+            {"node_rank": 2, "nnodes": 2, "master_addr": "a", "pipeline_parallel_size": 2},
+            "WORKER_NODE_RANK=2 must be below WORKER_NNODES=2",
+        ),
+        (
+            {"nnodes": 2, "pipeline_parallel_size": 2},
+            "WORKER_MASTER_ADDR is required when WORKER_NNODES=2",
+        ),
+        (
+            {"nnodes": 2, "master_addr": "a"},
+            "WORKER_PIPELINE_PARALLEL_SIZE=1 must be a multiple of WORKER_NNODES=2",
+        ),
+        (
+            {"nnodes": 2, "master_addr": "a", "pipeline_parallel_size": 3},
+            "WORKER_PIPELINE_PARALLEL_SIZE=3 must be a multiple of WORKER_NNODES=2",
+        ),
+        (
+            {"nnodes": 2, "master_addr": "a", "pipeline_parallel_size": 2, "master_port": 8000},
+            "WORKER_MASTER_PORT=8000 collides with WORKER_PORT=8000",
+        ),
+        (
+            {"device": "cpu", "dtype": "bfloat16"},
+            "WORKER_DTYPE=bfloat16 is refused on WORKER_DEVICE=cpu",
+        ),
+        (
+            {"device": "cpu", "dtype": "float16"},
+            "WORKER_DTYPE=float16 is refused on WORKER_DEVICE=cpu",
+        ),
+        (
+            {"device": "cpu", "pipeline_parallel_size": 2, "cpu_threads_bind": "0"},
+            "WORKER_CPU_THREADS_BIND='0' has 1 group(s) but this node runs 2 local rank(s)",
+        ),
+        (
+            {"device": "cpu", "cpu_threads_bind": "0||1"},
+            "WORKER_CPU_THREADS_BIND='0||1' has an empty group",
+        ),
         ({"cpu_threads_bind": "0"}, "WORKER_CPU_THREADS_BIND only applies to WORKER_DEVICE=cpu"),
-        ({"launcher": "module", "nnodes": 2, "node_rank": 1, "master_addr": "a",
-          "pipeline_parallel_size": 2}, "WORKER_LAUNCHER=module cannot run a follower"),
+        (
+            {
+                "launcher": "module",
+                "nnodes": 2,
+                "node_rank": 1,
+                "master_addr": "a",
+                "pipeline_parallel_size": 2,
+            },
+            "WORKER_LAUNCHER=module cannot run a follower",
+        ),
     ],
 )
 def test_invalid_settings_name_the_setting(overrides: dict[str, object], message: str) -> None:
@@ -128,7 +160,9 @@ def test_all_problems_are_reported_together() -> None:
 
 
 def test_vllm_binding_keywords_are_accepted_on_cpu() -> None:
-    s = load_settings(model_path="/m/x", device="cpu", pipeline_parallel_size=2, cpu_threads_bind="nobind")
+    s = load_settings(
+        model_path="/m/x", device="cpu", pipeline_parallel_size=2, cpu_threads_bind="nobind"
+    )
     assert s.cpu_threads_bind == "nobind"
 
 
