@@ -20,7 +20,7 @@ _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
 
 
 class SseRelay:
-    __slots__ = ("_strip_usage", "_pending", "prompt_tokens", "completion_tokens", "saw_done")
+    __slots__ = ("_pending", "_strip_usage", "completion_tokens", "prompt_tokens", "saw_done")
 
     def __init__(self, strip_usage: bool) -> None:
         self._strip_usage = strip_usage

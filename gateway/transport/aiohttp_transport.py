@@ -23,7 +23,7 @@ from gateway.settings import Timeouts
 class _Deadline:
     """One lazily re-armed timer covering first byte, inter-chunk idle and total time."""
 
-    __slots__ = ("_loop", "_t", "_start", "last", "got_first", "expired", "_handle", "_on_expire")
+    __slots__ = ("_handle", "_loop", "_on_expire", "_start", "_t", "expired", "got_first", "last")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, t: Timeouts, on_expire: Callable[[], None]
@@ -69,7 +69,7 @@ class _Deadline:
 
 
 class AiohttpResponse:
-    __slots__ = ("_resp", "_content", "_deadline", "status", "_loop")
+    __slots__ = ("_content", "_deadline", "_loop", "_resp", "status")
 
     def __init__(self, resp: aiohttp.ClientResponse, deadline: _Deadline) -> None:
         self._resp = resp
@@ -90,7 +90,7 @@ class AiohttpResponse:
     async def read(self) -> bytes:
         try:
             data = await self._resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self.close()
             raise self._failure(exc) from None
         if self._deadline.expired is not None:
@@ -100,7 +100,7 @@ class AiohttpResponse:
     async def readany(self) -> bytes:
         try:
             data = await self._content.readany()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self.close()
             raise self._failure(exc) from None
         d = self._deadline
@@ -172,7 +172,7 @@ class AiohttpTransport:
                 raise UpstreamTimeout(f"upstream timed out: {deadline.expired}") from None
             deadline.cancel()
             raise
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             deadline.cancel()
             raise UpstreamFailed(f"upstream unreachable: {type(exc).__name__}") from None
         holder.append(resp)
@@ -185,7 +185,7 @@ class AiohttpTransport:
                 url, timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
                 return resp.status, await resp.read()
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailed(f"GET {url} failed: {type(exc).__name__}") from None
 
     async def close(self) -> None:

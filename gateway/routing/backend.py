@@ -1,0 +1,31 @@
+"""One vLLM replica as the router sees it."""
+
+from __future__ import annotations
+
+
+class Backend:
+    """Mutable routing state of one replica. Identity-hashed: two objects are two replicas."""
+
+    __slots__ = ("ejected_until", "failures", "models", "outstanding", "probe_ok", "url")
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.outstanding = 0
+        self.models: frozenset[str] = frozenset()
+        # Not routable until the first successful probe: a replica still loading its model
+        # would otherwise take (and fail) the first requests.
+        self.probe_ok = False
+        self.ejected_until = 0.0
+        self.failures = 0
+
+    def acquire(self) -> None:
+        self.outstanding += 1
+
+    def release(self) -> None:
+        self.outstanding -= 1
+
+    def available(self, now: float) -> bool:
+        return self.probe_ok and now >= self.ejected_until
+
+    def __repr__(self) -> str:
+        return f"Backend({self.url!r}, outstanding={self.outstanding}, ok={self.probe_ok})"

@@ -1,0 +1,1 @@
+"""Where backends come from: a static list, DNS A records, or Kubernetes EndpointSlices."""

@@ -1,0 +1,35 @@
+"""Build the Router that GatewaySettings describe."""
+
+from __future__ import annotations
+
+from gateway.routing.discovery.base import Discovery
+from gateway.routing.discovery.dns import DnsDiscovery
+from gateway.routing.discovery.static import StaticDiscovery
+from gateway.routing.policy import make_policy
+from gateway.routing.probe import Prober
+from gateway.routing.router import Router
+from gateway.settings import GatewaySettings
+
+
+def build_discovery(settings: GatewaySettings) -> Discovery:
+    if settings.discovery == "dns":
+        assert settings.dns_name is not None  # enforced by GatewaySettings
+        return DnsDiscovery(settings.dns_name, settings.dns_port, settings.dns_interval_s)
+    if settings.discovery == "kubernetes":
+        # Imported lazily: the kubernetes client is heavy and only this mode needs it.
+        from gateway.routing.discovery.kubernetes import KubernetesDiscovery
+
+        assert settings.k8s_service is not None
+        return KubernetesDiscovery(settings.k8s_namespace, settings.k8s_service, settings.k8s_port)
+    return StaticDiscovery(settings.backends)
+
+
+def build_router(settings: GatewaySettings, prober: Prober) -> Router:
+    return Router(
+        build_discovery(settings),
+        prober,
+        make_policy(settings.routing_policy),
+        health_interval_s=settings.health_interval_s,
+        eject_after_failures=settings.eject_after_failures,
+        eject_for_s=settings.eject_for_s,
+    )

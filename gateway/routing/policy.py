@@ -1,0 +1,66 @@
+"""Routing policies: one Protocol with one `pick`, swappable and testable without a network."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.routing.backend import Backend
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    model: str
+    # For affinity policies (prefix caching, sessions): a key that should land on the same replica.
+    affinity_key: str | None = None
+
+
+class RoutingPolicy(Protocol):
+    def pick(self, candidates: Sequence[Backend], request: RouteRequest) -> Backend | None:
+        """Choose one of `candidates` (all available and serving the model), or None if empty."""
+        ...
+
+
+class LeastOutstanding:
+    """Fewest requests in flight through this gateway; ties rotate.
+
+    Rotation matters: at low load every replica ties at zero, and a fixed tie-break would send
+    every sequential request to the same replica.
+    """
+
+    __slots__ = ("_turn",)
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def pick(self, candidates: Sequence[Backend], request: RouteRequest) -> Backend | None:
+        n = len(candidates)
+        if n == 0:
+            return None
+        if n == 1:
+            return candidates[0]
+        self._turn += 1
+        start = self._turn % n
+        best = candidates[start]
+        for i in range(1, n):
+            b = candidates[(start + i) % n]
+            if b.outstanding < best.outstanding:
+                best = b
+        return best
+
+
+_POLICIES: dict[str, Callable[[], RoutingPolicy]] = {"least_outstanding": LeastOutstanding}
+
+
+def policy_names() -> list[str]:
+    return sorted(_POLICIES)
+
+
+def make_policy(name: str) -> RoutingPolicy:
+    try:
+        return _POLICIES[name]()
+    except KeyError:
+        raise ValueError(
+            f"GATEWAY_ROUTING_POLICY: unknown policy {name!r}; choose one of {policy_names()}"
+        ) from None
