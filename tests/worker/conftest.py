@@ -1,4 +1,7 @@
-"""Fixtures for the worker tests: a clean environment, fake model directories, the real model."""
+"""Fixtures for the worker tests: a clean environment, fake model directories, process groups.
+
+The real demo model (``real_model_dir``) comes from the shared tests/conftest.py.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from model_store.marker import is_complete, write_marker
+from model_store.marker import write_marker
 
 # Env vars that would leak the machine's (or a pod's) configuration into unit tests.
 _LEAKY_PREFIXES = ("WORKER_", "LWS_")
@@ -55,21 +58,6 @@ def make_model_dir(tmp_path: Path) -> ModelDirFactory:
         return model_dir
 
     return make
-
-
-@pytest.fixture(scope="session")
-def real_model_dir() -> Path:
-    """The real demo model (SmolLM2-135M-Instruct, HF layout), from LLMSERVE_MODEL_DIR."""
-    raw = os.environ.get("LLMSERVE_MODEL_DIR")
-    if not raw:
-        pytest.fail(
-            "LLMSERVE_MODEL_DIR is not set: point it at a complete model directory, e.g. one made "
-            "by `python -m model_store bootstrap-demo --dest DIR`"
-        )
-    path = Path(raw)
-    if not is_complete(path):
-        pytest.fail(f"LLMSERVE_MODEL_DIR={path} has no valid completion marker")
-    return path
 
 
 class Spawner:

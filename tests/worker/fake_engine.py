@@ -33,6 +33,7 @@ def main() -> int:
     parser.add_argument("--polite", action="store_true")
     parser.add_argument("--exit-code", type=int)
     args = parser.parse_args()
+    exit_code: int | None = args.exit_code
 
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD.format(ignore=not args.polite)], stdout=subprocess.PIPE
@@ -43,8 +44,8 @@ def main() -> int:
     tmp.write_text(f"{os.getpid()} {child.pid}", encoding="utf-8")
     os.replace(tmp, args.pidfile)
 
-    if args.exit_code is not None:
-        return args.exit_code
+    if exit_code is not None:
+        return exit_code
     # Exit at once on SIGTERM without touching the child, as vLLM's API server does.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     time.sleep(3600)

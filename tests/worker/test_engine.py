@@ -16,7 +16,7 @@ from openai import OpenAI
 from worker.launcher import group_members
 
 if TYPE_CHECKING:
-    from conftest import Spawner
+    from tests.worker.conftest import Spawner
 
 # Measured 85-170 s on 2 cores (torch.compile warm-up); leave room for a busy machine.
 READY_TIMEOUT_S = 900

@@ -16,7 +16,7 @@ from model_store.marker import write_marker
 from worker.launcher import MarkerTimeout, exit_status, group_members, wait_for_marker
 
 if TYPE_CHECKING:
-    from conftest import Spawner
+    from tests.worker.conftest import Spawner
 
 HERE = Path(__file__).resolve().parent
 FAKE_ENGINE = HERE / "fake_engine.py"

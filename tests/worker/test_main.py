@@ -15,7 +15,7 @@ from worker.__main__ import main
 from worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
-    from conftest import Spawner
+    from tests.worker.conftest import Spawner
 
 ModelDirFactory = Callable[..., Path]
 REPO = Path(__file__).resolve().parents[2]
