@@ -135,7 +135,7 @@ class ProxyEndpoint:
                 return
 
         if last_error is None:
-            if not d.router.knows_model(model):
+            if d.router.knows_any_model() and not d.router.knows_model(model):
                 last_error = ModelNotFound(
                     f"The model '{model}' does not exist or is not served here", param="model"
                 )

@@ -103,7 +103,12 @@ class Router:
         return sorted(m for m, pool in self._pools.items() if any(b.available(now) for b in pool))
 
     def knows_model(self, model: str) -> bool:
+        """Served by some known backend, up or down: tells 503 (down) from 404 (no such model)."""
         return model in self._pools
+
+    def knows_any_model(self) -> bool:
+        """False until some backend has told us its models: before that, 404 would be a guess."""
+        return bool(self._pools)
 
     def ready(self) -> bool:
         now = self._clock()

@@ -122,3 +122,14 @@ async def test_not_ready_until_first_probe_passes() -> None:
     finally:
         await router.stop()
         await asyncio.sleep(0)
+
+
+async def test_no_model_known_before_any_probe_passes() -> None:
+    router = Router(StaticDiscovery([A]), FakeProber({}), LeastOutstanding(),
+                    health_interval_s=3600, eject_after_failures=1, eject_for_s=1)
+    await router.start()
+    try:
+        await asyncio.sleep(0.05)
+        assert not router.knows_any_model() and not router.knows_model("llama")
+    finally:
+        await router.stop()
