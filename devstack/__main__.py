@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         stopping = True
         raise KeyboardInterrupt
 
+    # Explicit for SIGINT too: a shell that starts us in the background leaves SIGINT ignored.
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         print(f"starting {args.workers} vLLM-CPU workers (2-3 minutes on 2 cores; "
               f"logs in {args.log_dir}/) ...", flush=True)

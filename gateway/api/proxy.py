@@ -222,33 +222,42 @@ class ProxyEndpoint:
         d.router.report_success(backend)
         ttft = loop.time() - started
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        await send({"type": "http.response.body", "body": first, "more_body": True})
 
+        # The chunk that carries [DONE] ends the response (more_body=False) at once: a client
+        # that hangs up right after [DONE] must count as served, not as a disconnect.
+        complete = False
         status = "200"
         readany = resp.readany
         feed = relay.feed
         try:
-            while True:
-                chunk = await readany()
-                if not chunk:
-                    break
-                out = feed(chunk)
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-            tail = relay.flush()
-            if not relay.saw_done:
-                raise UpstreamFailed("replica ended the stream without [DONE]")
+            out = first
+            while not relay.saw_done:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                out = b""
+                while not out:
+                    chunk = await readany()
+                    if not chunk:
+                        raise UpstreamFailed("replica ended the stream without [DONE]")
+                    out = feed(chunk)
+            await send({"type": "http.response.body", "body": out + relay.flush(),
+                        "more_body": False})
+            complete = True
+            # Read the chunked-encoding terminator so the connection goes back to the pool.
+            while await readany():
+                pass
             resp.release()
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
         except GatewayError as exc:
-            # Past the first byte there is no retry: end the stream with one in-band error event.
             resp.close()
+            if complete:
+                return
+            # Past the first byte there is no retry: end the stream with one in-band error event.
             d.router.report_failure(backend)
             status = str(exc.status)
             await send({"type": "http.response.body", "body": sse_error_event(exc),
                         "more_body": False})
         except BaseException:
-            status = "499"  # client closed the request (disconnect cancels this task)
+            if not complete:
+                status = "499"  # client closed the request (disconnect cancels this task)
             raise
         finally:
             m = d.metrics
