@@ -18,7 +18,7 @@ class Proc:
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "ab")
+        self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.popen = subprocess.Popen(
             argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
@@ -37,6 +37,37 @@ class Proc:
         except ProcessLookupError:
             pass
 
+    def descendant_groups(self) -> set[int]:
+        """Process groups of every descendant. The worker launcher starts vLLM in a session of its
+        own, so vLLM is not in our group: killing the launcher alone would orphan it."""
+        children: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat.read_text()
+            except OSError:
+                continue
+            ppid = int(text[text.rfind(")") + 2 :].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+        groups: set[int] = set()
+        todo = list(children.get(self.popen.pid, []))
+        while todo:
+            pid = todo.pop()
+            try:
+                groups.add(os.getpgid(pid))
+            except ProcessLookupError:
+                continue
+            todo.extend(children.get(pid, []))
+        return groups
+
+    def kill_hard(self) -> None:
+        """SIGKILL this process and everything it started, as a crash would."""
+        groups = self.descendant_groups() | {self.popen.pid}
+        for g in groups:
+            try:
+                os.killpg(g, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def group_alive(self) -> bool:
         try:
             os.killpg(self.popen.pid, 0)
@@ -45,7 +76,11 @@ class Proc:
         return True
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the group, wait up to `grace_s`, then SIGKILL whatever is left of it."""
+        """SIGTERM the group, wait up to `grace_s`, then SIGKILL whatever is left of it.
+
+        The worker launcher drains and ends its engine's group itself; the groups recorded here
+        are the net if the launcher cannot (it crashed, or the drain hangs)."""
+        groups = self.descendant_groups()
         self.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
@@ -53,6 +88,11 @@ class Proc:
                 break
             time.sleep(0.1)
         self.signal_group(signal.SIGKILL)
+        for g in groups:
+            try:
+                os.killpg(g, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:

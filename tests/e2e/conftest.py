@@ -45,7 +45,7 @@ def stack(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     )
     try:
         s.start_workers()
-        s.wait_workers(timeout_s=float(os.environ.get("LLMSERVE_ENGINE_START_TIMEOUT_S", 900)))
+        s.wait_workers(timeout_s=float(os.environ.get("LLMSERVE_ENGINE_START_TIMEOUT_S", "900")))
         s.start_gateway()
         s.wait_gateway(timeout_s=60)
     except BaseException:

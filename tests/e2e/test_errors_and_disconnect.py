@@ -78,19 +78,18 @@ def wait_running(stack: LocalStack, pred, timeout: float) -> float:
 
 def test_disconnect_mid_stream_aborts_generation(stack: LocalStack, model_name: str) -> None:
     async def run() -> None:
-        async with httpx.AsyncClient(timeout=60) as client:
-            async with client.stream(
-                "POST", stack.gateway_url + "/v1/completions",
-                json={"model": model_name, "prompt": "Tell me a very long story.",
-                      "max_tokens": 1500, "stream": True, "ignore_eos": True},
-            ) as resp:
-                assert resp.status_code == 200
-                n = 0
-                async for _ in resp.aiter_bytes():
-                    n += 1
-                    if n >= 3:
-                        break
-                assert running(stack) >= 1
+        async with httpx.AsyncClient(timeout=60) as client, client.stream(
+            "POST", stack.gateway_url + "/v1/completions",
+            json={"model": model_name, "prompt": "Tell me a very long story.",
+                  "max_tokens": 1500, "stream": True, "ignore_eos": True},
+        ) as resp:
+            assert resp.status_code == 200
+            n = 0
+            async for _ in resp.aiter_bytes():
+                n += 1
+                if n >= 3:
+                    break
+            assert running(stack) >= 1
         # Leaving the block closes the connection mid-stream.
 
     asyncio.run(run())
