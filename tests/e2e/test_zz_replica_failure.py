@@ -19,7 +19,7 @@ def test_killed_replica_breaks_its_stream_in_band_and_new_requests_fail_over(
     stack: LocalStack, model_name: str
 ) -> None:
     url = stack.gateway_url + "/v1/completions"
-    body = {"model": model_name, "prompt": "Count slowly:", "max_tokens": 1000, "stream": True,
+    body = {"model": model_name, "prompt": "Count slowly:", "max_tokens": 300, "stream": True,
             "ignore_eos": True}
     streams: list[list[bytes]] = [[], []]
     started = threading.Barrier(3)

@@ -1,0 +1,117 @@
+"""Gateway overhead benchmark: the same load, direct to a near-free upstream and through the gateway.
+
+Pinning (2 cores): the gateway gets CPU 0 alone; the fake upstream and this load client share
+CPU 1. Direct and gateway runs alternate (`--repeats`) and medians are reported, because the
+machine is noisy; the ratio is only meaningful side by side in one run.
+
+    python -m bench.gateway_overhead [--duration 8] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+from bench.load import latency, throughput
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ok(url: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+def start(cmd: str, cpu: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["taskset", "-c", cpu, *shlex.split(cmd)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gateway_overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gateway-cmd", default=(
+        f"{sys.executable} -m gateway --host 127.0.0.1 --port {{port}} --backend {{upstream}} "
+        "--log-level warning"),
+        help="command that starts the proxy under test ({port}, {upstream} are filled in)")
+    p.add_argument("--duration", type=float, default=8.0, help="seconds per throughput phase")
+    p.add_argument("--repeats", type=int, default=3, help="alternating direct/gateway rounds")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--latency-requests", type=int, default=400)
+    args = p.parse_args()
+    if (os.cpu_count() or 1) < 2:
+        p.exit(2, "needs 2 CPUs: the gateway is pinned to CPU 0, upstream and client to CPU 1\n")
+
+    import uvloop
+    uvloop.install()
+    os.sched_setaffinity(0, {1})
+    up_port, gw_port = free_port(), free_port()
+    upstream = f"http://127.0.0.1:{up_port}"
+    gateway = f"http://127.0.0.1:{gw_port}"
+    procs = [start(f"{sys.executable} -m bench.fake_upstream --port {up_port} "
+                   f"--tokens {args.tokens}", "1")]
+    try:
+        wait_ok(upstream + "/health")
+        procs.append(start(args.gateway_cmd.format(port=gw_port, upstream=upstream), "0"))
+        wait_ok(gateway + "/ready")
+        rows: dict[str, dict[str, list[float]]] = {
+            "direct": {"rps": [], "p50": [], "p99": []},
+            "gateway": {"rps": [], "p50": [], "p99": []},
+        }
+        for r in range(args.repeats):
+            for name, url in (("direct", upstream), ("gateway", gateway)):
+                t = asyncio.run(throughput(url, "demo", args.tokens, args.concurrency,
+                                           args.duration))
+                lat = asyncio.run(latency(url, "demo", args.tokens, args.latency_requests))
+                if t.errors or lat.errors:
+                    print(f"{name}: {t.errors + lat.errors} errors", file=sys.stderr)
+                rows[name]["rps"].append(t.rps)
+                rows[name]["p50"].append(lat.p50 * 1e3)
+                rows[name]["p99"].append(lat.pct(0.99) * 1e3)
+                print(f"round {r + 1} {name:8s} {t.rps:8.0f} req/s  "
+                      f"TTFT p50 {lat.p50 * 1e3:6.3f} ms  p99 {lat.pct(0.99) * 1e3:6.3f} ms",
+                      flush=True)
+        med = {n: {k: statistics.median(v) for k, v in cols.items()} for n, cols in rows.items()}
+        d, g = med["direct"], med["gateway"]
+        print(f"\nmedian of {args.repeats} rounds, {args.tokens}-token streams, "
+              f"{args.concurrency} concurrent for throughput, 1 for TTFT")
+        print(f"| path | streamed req/s @{args.concurrency} | TTFT p50 (ms) | TTFT p99 (ms) |")
+        print("|---|---|---|---|")
+        for n in ("direct", "gateway"):
+            print(f"| {n} | {med[n]['rps']:.0f} | {med[n]['p50']:.3f} | {med[n]['p99']:.3f} |")
+        print(f"\ngateway streamed req/s: {g['rps']:.0f} ({g['rps'] / d['rps']:.2f}x direct); "
+              f"added TTFT p50 {g['p50'] - d['p50']:+.3f} ms, p99 {g['p99'] - d['p99']:+.3f} ms")
+    finally:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, 15)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
