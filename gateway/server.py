@@ -41,7 +41,7 @@ def run(settings: GatewaySettings) -> None:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     app = build_app(settings)
-    state: GatewayState = app.state.gateway
+    state = app.state
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -55,5 +55,7 @@ def run(settings: GatewaySettings) -> None:
         timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
         timeout_keep_alive=75,
         backlog=4096,
+        # No proxy-header rewriting: nothing here uses the client address, and it runs per request.
+        proxy_headers=False,
     )
     _DrainingServer(config, state).run()

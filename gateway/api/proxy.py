@@ -13,6 +13,8 @@ performance). Rules it keeps:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from dataclasses import dataclass
 
 import orjson
@@ -34,6 +36,8 @@ from gateway.routing.backend import Backend
 from gateway.routing.router import Router
 from gateway.settings import GatewaySettings
 from gateway.transport.base import Transport, UpstreamResponse
+
+log = logging.getLogger("gateway.proxy")
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -96,6 +100,12 @@ class ProxyEndpoint:
             # Our own cancellation for a disconnect: absorb it, the request is over.
             if task is not None:
                 task.uncancel()
+        except Exception:
+            # A bug, not an upstream failure: log it, and answer in OpenAI's shape if we still can
+            # (the fast lane has no framework handler behind it).
+            log.exception("proxy error")
+            with contextlib.suppress(Exception):
+                await send_error(send, GatewayError("internal error"))
         finally:
             watcher.cancel()
 

@@ -53,14 +53,29 @@ class SseRelay:
         return rest
 
     def _take_usage(self, chunk: bytes) -> bytes:
-        kept: list[bytes] = []
-        for event in chunk.split(_SEP)[:-1]:
-            if _USAGE_MARKERS[0] in event or _USAGE_MARKERS[1] in event:
-                usage_only = self._record_usage(event)
-                if usage_only and self._strip_usage:
-                    continue
-            kept.append(event + _SEP)
-        return b"".join(kept)
+        """Record (and maybe drop) the event(s) carrying usage; touch nothing else in the chunk.
+
+        Under load one chunk holds a whole answer, so only the events around each usage marker are
+        located and parsed, never the whole chunk."""
+        out: list[bytes] = []
+        pos = 0
+        while True:
+            hit = -1
+            for marker in _USAGE_MARKERS:
+                i = chunk.find(marker, pos)
+                if i >= 0 and (hit < 0 or i < hit):
+                    hit = i
+            if hit < 0:
+                out.append(chunk[pos:])
+                return b"".join(out) if len(out) > 1 else out[0]
+            start = chunk.rfind(_SEP, pos, hit)
+            start = pos if start < 0 else start + 2
+            end = chunk.find(_SEP, hit) + 2  # the chunk ends with _SEP, so this is found
+            usage_only = self._record_usage(chunk[start : end - 2])
+            out.append(chunk[pos:start])
+            if not (usage_only and self._strip_usage):
+                out.append(chunk[start:end])
+            pos = end
 
     def _record_usage(self, event: bytes) -> bool:
         """Record the usage an event carries; True if it is the usage-only final chunk."""
