@@ -19,6 +19,7 @@ from gateway.routing.router import Router
 from gateway.settings import GatewaySettings
 from gateway.transport.aiohttp_transport import AiohttpTransport
 from gateway.transport.base import Transport
+from gateway.transport.h1 import H1Transport
 from gateway.transport.prober import HttpProber
 
 
@@ -59,7 +60,9 @@ def build_app(
     transport: Transport | None = None,
     router: Router | None = None,
 ) -> GatewayApp:
-    transport = transport or AiohttpTransport(settings.timeouts)
+    if transport is None:
+        transport = (H1Transport(settings.timeouts) if settings.transport == "h1"
+                     else AiohttpTransport(settings.timeouts))
     # Probes share the connect deadline: a replica that cannot accept a connection that fast is
     # not one we want to route to.
     prober = HttpProber(transport, timeout_s=max(settings.timeouts.connect_s, 1.0))

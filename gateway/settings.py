@@ -63,6 +63,9 @@ class GatewaySettings(BaseSettings):
     k8s_service: str | None = Field(None, description="worker Service name (discovery=kubernetes)")
     k8s_port: int = Field(8000, ge=1, le=65535, description="backend port (discovery=kubernetes)")
 
+    transport: Literal["h1", "aiohttp"] = Field(
+        "h1", description="upstream HTTP client: h1 (httptools, fastest) or aiohttp"
+    )
     routing_policy: str = Field("least_outstanding", description="replica selection policy")
     health_interval_s: float = Field(2.0, gt=0, description="active /health probe period")
     eject_after_failures: int = Field(

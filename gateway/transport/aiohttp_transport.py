@@ -3,75 +3,27 @@
 Why aiohttp and not httpx's default transport: on one pinned core, httpx's transport managed 190-260
 streamed requests/s against aiohttp's 1,450+ (shared notes, and bench/gateway_overhead.py).
 
-Deadlines: aiohttp's own `sock_read` timeout cancels and re-arms a timer on every received chunk.
-`_Deadline` instead records the time of the last chunk (one cheap clock read per chunk) and lets one
-timer per request wake up lazily, so the per-SSE-event cost stays a float store.
+The default transport is `h1` (gateway/transport/h1.py), which measured faster; this one stays
+as a second implementation of the interface, selectable with GATEWAY_TRANSPORT=aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import aiohttp
 
 from gateway.errors import UpstreamFailed, UpstreamTimeout
 from gateway.settings import Timeouts
-
-
-class _Deadline:
-    """One lazily re-armed timer covering first byte, inter-chunk idle and total time."""
-
-    __slots__ = ("_handle", "_loop", "_on_expire", "_start", "_t", "expired", "got_first", "last")
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, t: Timeouts, on_expire: Callable[[], None]
-    ) -> None:
-        self._loop = loop
-        self._t = t
-        self._start = loop.time()
-        self.last = self._start
-        self.got_first = False
-        self.expired: str | None = None
-        self._on_expire = on_expire
-        self._handle: asyncio.TimerHandle | None = loop.call_at(self._wake_at(), self._check)
-
-    def _next(self) -> float:
-        t = self._t
-        gap = self.last + t.idle_s if self.got_first else self._start + t.first_byte_s
-        return min(gap, self._start + t.total_s)
-
-    def _wake_at(self) -> float:
-        # A first chunk arriving later can pull the deadline in to (its time + idle_s), never
-        # earlier than now + idle_s: waking at that bound keeps the timer lazy and never late.
-        return min(self._next(), self._loop.time() + self._t.idle_s)
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        if now < self._next():
-            self._handle = self._loop.call_at(self._wake_at(), self._check)
-            return
-        self._handle = None
-        t = self._t
-        if now >= self._start + t.total_s:
-            self.expired = f"total time of {t.total_s:g}s"
-        elif self.got_first:
-            self.expired = f"no data for {t.idle_s:g}s"
-        else:
-            self.expired = f"no first byte within {t.first_byte_s:g}s"
-        self._on_expire()
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+from gateway.transport.deadline import Deadline
 
 
 class AiohttpResponse:
     __slots__ = ("_content", "_deadline", "_loop", "_resp", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse, deadline: _Deadline) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, deadline: Deadline) -> None:
         self._resp = resp
         self._content = resp.content
         self._deadline = deadline
@@ -164,7 +116,7 @@ class AiohttpTransport:
             # A non-streamed answer sends its first byte only after the last token.
             t = Timeouts(connect_s=t.connect_s, first_byte_s=t.total_s, idle_s=t.idle_s,
                          total_s=t.total_s)
-        deadline = _Deadline(loop, t, expire)
+        deadline = Deadline(loop, t, expire)
         try:
             resp = await session.post(url, data=body, headers=headers)
         except asyncio.CancelledError:

@@ -1,0 +1,342 @@
+"""The default upstream transport: a lean HTTP/1.1 client on asyncio + httptools.
+
+Why not aiohttp here: profiling the gateway under the overhead benchmark showed aiohttp's
+per-chunk machinery (StreamReader.feed_data, flow control, chunk bookkeeping, one Python call chain
+per chunked-encoding chunk, i.e. per SSE event) as the largest cost after the event loop itself.
+This client parses with httptools (C, the parser uvicorn uses), appends each body chunk to a list
+from the parser callback, and wakes the reader once per socket read, however many events it held.
+
+It speaks exactly what the gateway needs from an engine: keep-alive POST/GET, Content-Length or
+chunked responses, connection pooling per origin, back-pressure (reading pauses while a slow client
+leaves too much unread), and an abort that drops the TCP connection so vLLM stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+import httptools
+
+from gateway.errors import UpstreamFailed, UpstreamTimeout
+from gateway.settings import Timeouts
+from gateway.transport.deadline import Deadline
+
+# Unread upstream bytes held per stream before we stop reading the socket (back-pressure).
+_HIGH_WATER = 256 * 1024
+_LOW_WATER = 64 * 1024
+
+
+class _Conn(asyncio.Protocol):
+    """One upstream connection; carries one request at a time."""
+
+    def __init__(self, pool: _Pool) -> None:
+        self._pool = pool
+        self._loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._complete = False
+        self._keep_alive = False
+        self._error: str | None = None
+        self._head: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self.got_bytes = False
+        self.deadline: Deadline | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if not self._complete and self._error is None:
+            self._error = "connection closed by the replica"
+        self._wake()
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._error = f"malformed response from the replica: {exc}"
+            self.abort()
+        self._wake()
+        if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    # -- httptools callbacks ---------------------------------------------------------------------
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        # Asked here: once the message completes the parser resets and forgets the answer.
+        self._keep_alive = self._parser.should_keep_alive()
+        if self._head is not None and not self._head.done():
+            self._head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+
+    # -- used by the response --------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        h = self._head
+        if h is not None and not h.done() and self._error is not None:
+            h.set_result(None)
+
+    def start(self, request: bytes) -> asyncio.Future[None]:
+        self.status = 0
+        self._chunks = []
+        self._buffered = 0
+        self._complete = False
+        self._error = None
+        self.got_bytes = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._head = self._loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+        return self._head
+
+    def failure(self) -> Exception:
+        d = self.deadline
+        if d is not None and d.expired is not None:
+            return UpstreamTimeout(f"upstream timed out: {d.expired}")
+        return UpstreamFailed(f"upstream failed: {self._error}")
+
+    async def readany(self) -> bytes:
+        while True:
+            if self._chunks:
+                chunks = self._chunks
+                self._chunks = []
+                self._buffered = 0
+                if self._paused and self.transport is not None:
+                    self._paused = False
+                    self.transport.resume_reading()
+                d = self.deadline
+                if d is not None:
+                    d.last = self._loop.time()
+                    d.got_first = True
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if self._complete:
+                return b""
+            if self._error is not None:
+                raise self.failure()
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def reusable(self) -> bool:
+        return (self._complete and self.transport is not None and not self._chunks
+                and self._keep_alive)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            # abort(), not close(): drop the connection now so the engine sees the disconnect.
+            self.transport.abort()
+            self.transport = None
+        if self._error is None and not self._complete:
+            self._error = "aborted"
+
+
+class H1Response:
+    __slots__ = ("_conn", "_done", "readany", "status")
+
+    def __init__(self, conn: _Conn) -> None:
+        self._conn = conn
+        self.status = conn.status
+        self.readany = conn.readany  # bound once: the per-chunk call skips one attribute lookup
+        self._done = False
+
+    @property
+    def timed_out(self) -> bool:
+        d = self._conn.deadline
+        return d is not None and d.expired is not None
+
+    async def read(self) -> bytes:
+        parts = []
+        while chunk := await self._conn.readany():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            c = self._conn
+            if c.deadline is not None:
+                c.deadline.cancel()
+            c.abort()
+
+    def release(self) -> None:
+        if not self._done:
+            self._done = True
+            c = self._conn
+            if c.deadline is not None:
+                c.deadline.cancel()
+            if c.reusable():
+                c._pool.put(c)
+            else:
+                c.abort()
+
+
+class _Pool:
+    """Idle keep-alive connections to one origin (host:port)."""
+
+    def __init__(self, host: str, port: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.host = host
+        self.port = port
+        self.loop = loop
+        self.idle: deque[_Conn] = deque()
+
+    def put(self, conn: _Conn) -> None:
+        conn.deadline = None
+        self.idle.append(conn)
+
+    def get_idle(self) -> _Conn | None:
+        while self.idle:
+            conn = self.idle.pop()  # most recently used: least likely to have timed out
+            if conn.transport is not None and not conn.transport.is_closing():
+                return conn
+        return None
+
+    async def connect(self, timeout_s: float) -> _Conn:
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, proto = await self.loop.create_connection(
+                    lambda: _Conn(self), self.host, self.port
+                )
+        except TimeoutError:
+            raise UpstreamFailed(
+                f"upstream unreachable: connect to {self.host}:{self.port} timed out"
+            ) from None
+        except OSError as exc:
+            raise UpstreamFailed(
+                f"upstream unreachable: {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from None
+        return proto
+
+    def close(self) -> None:
+        while self.idle:
+            self.idle.pop().abort()
+
+
+class H1Transport:
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._timeouts = timeouts
+        self._pools: dict[str, tuple[_Pool, bytes, str]] = {}
+
+    def _pool(self, url: str) -> tuple[_Pool, bytes, str]:
+        """(pool, Host header value, path) for a URL; pools are cached per origin."""
+        parts = urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        entry = self._pools.get(origin)
+        if entry is None:
+            if parts.scheme != "http" or not parts.hostname:
+                raise UpstreamFailed(f"unsupported upstream URL {url!r} (only http://host:port)")
+            pool = _Pool(parts.hostname, parts.port or 80, asyncio.get_running_loop())
+            entry = (pool, parts.netloc.encode(), "")
+            self._pools[origin] = entry
+        path = parts.path or "/"
+        return entry[0], entry[1], path + (f"?{parts.query}" if parts.query else "")
+
+    async def _send(
+        self, method: bytes, url: str, body: bytes, headers: Mapping[str, str], t: Timeouts
+    ) -> _Conn:
+        pool, host, path = self._pool(url)
+        head = [b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n"
+                % (method, path.encode(), host, len(body))]
+        for k, v in headers.items():
+            head.append(f"{k}: {v}\r\n".encode("latin-1"))
+        request = b"".join(head) + b"\r\n" + body
+
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        current: list[_Conn] = []
+        in_head = [True]
+
+        def expire() -> None:
+            if in_head[0]:
+                # Still waiting for the head: this task is parked in _send, cancel it.
+                if task is not None:
+                    task.cancel()
+            elif current:
+                current[0].abort()
+                current[0]._wake()
+
+        deadline = Deadline(loop, t, expire)
+        try:
+            # A pooled connection may have been closed by the replica while idle; if it dies
+            # before sending a single byte, the request never reached the engine: use a new one.
+            conn = pool.get_idle()
+            for fresh in (conn is None, True):
+                if conn is None:
+                    conn = await pool.connect(t.connect_s)
+                current[:] = [conn]
+                conn.deadline = deadline
+                await conn.start(request)
+                if conn.status or conn.got_bytes or fresh:
+                    break
+                conn = None
+            assert conn is not None
+            in_head[0] = False
+        except asyncio.CancelledError:
+            if deadline.expired is not None:
+                if current:
+                    current[0].abort()
+                raise UpstreamTimeout(f"upstream timed out: {deadline.expired}") from None
+            deadline.cancel()
+            if current:
+                current[0].abort()
+            raise
+        except BaseException:
+            deadline.cancel()
+            raise
+        if not conn.status:
+            deadline.cancel()
+            conn.abort()
+            raise conn.failure()
+        return conn
+
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], *, streaming: bool
+    ) -> H1Response:
+        t = self._timeouts
+        if not streaming:
+            # A non-streamed answer sends its first byte only after the last token.
+            t = t.model_copy(update={"first_byte_s": t.total_s})
+        return H1Response(await self._send(b"POST", url, body, headers, t))
+
+    async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
+        t = Timeouts(connect_s=timeout_s, first_byte_s=timeout_s, idle_s=timeout_s,
+                     total_s=timeout_s)
+        try:
+            resp = H1Response(await self._send(b"GET", url, b"", {}, t))
+        except UpstreamTimeout as exc:
+            raise UpstreamFailed(f"GET {url}: {exc.message}") from None
+        try:
+            body = await resp.read()
+        except (UpstreamFailed, UpstreamTimeout) as exc:
+            resp.close()
+            raise UpstreamFailed(f"GET {url}: {exc.message}") from None
+        resp.release()
+        return resp.status, body
+
+    async def close(self) -> None:
+        for pool, _, _ in self._pools.values():
+            pool.close()
+        self._pools.clear()
