@@ -103,8 +103,7 @@ class _Protocol(asyncio.Protocol):
         self.busy = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
