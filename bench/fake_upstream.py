@@ -153,6 +153,7 @@ class _Protocol(asyncio.Protocol):
 
     async def _completion(self, kind: str, raw: bytes) -> None:
         u = self.u
+        u.completions += 1
         b = u.behaviour
         t = self.transport
         assert t is not None
@@ -189,6 +190,7 @@ class FakeUpstream:
             {"id": self.behaviour.model, "object": "model", "created": 1, "owned_by": "fake"}]}
         ).encode()
         self.requests = 0
+        self.completions = 0  # completion requests only (probes excluded)
         self.aborted = 0  # streams whose client went away before the end
         self.port = 0
 

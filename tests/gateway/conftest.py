@@ -1,0 +1,80 @@
+"""Fixtures for gateway tests: a real gateway (uvicorn, in a thread) in front of fake upstreams."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from bench.fake_upstream import Behaviour, FakeUpstream, start_in_thread
+from gateway.app import build_app
+from gateway.settings import GatewaySettings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RunningGateway:
+    def __init__(self, url: str, app: Any) -> None:
+        self.url = url
+        self.app = app
+
+    def metric(self, name: str) -> float:
+        """Sum of all samples of `name` in the gateway's /metrics."""
+        total = 0.0
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+@contextlib.contextmanager
+def run_gateway(**settings: Any) -> Iterator[RunningGateway]:
+    port = free_port()
+    s = GatewaySettings(host="127.0.0.1", port=port, health_interval_s=0.2, **settings)
+    app = build_app(s)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+                                           lifespan="on", loop="asyncio"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url + "/ready").status_code == 200 or not s.backends:
+                break
+        time.sleep(0.05)
+    try:
+        yield RunningGateway(url, app)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+UpstreamFactory = Callable[..., FakeUpstream]
+
+
+@pytest.fixture
+def upstreams() -> Iterator[UpstreamFactory]:
+    """Start fake upstreams on demand; all are stopped at teardown."""
+    stack = contextlib.ExitStack()
+
+    def make(**behaviour: Any) -> FakeUpstream:
+        return stack.enter_context(start_in_thread(Behaviour(**behaviour)))
+
+    with stack:
+        yield make
+
+
+def url_of(up: FakeUpstream) -> str:
+    return f"http://127.0.0.1:{up.port}"
