@@ -33,7 +33,7 @@ class RunningGateway:
         """Sum of all samples of `name` in the gateway's /metrics."""
         total = 0.0
         for line in httpx.get(self.url + "/metrics").text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
+            if line.startswith((name + "{", name + " ")):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
