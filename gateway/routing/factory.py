@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gateway.routing.discovery.base import Discovery
-from gateway.routing.discovery.dns import DnsDiscovery
-from gateway.routing.discovery.static import StaticDiscovery
+from gateway.routing.discovery.dns import Dns
+from gateway.routing.discovery.static import Static
 from gateway.routing.policy import make_policy
 from gateway.routing.probe import Prober
 from gateway.routing.router import Router
@@ -12,16 +12,17 @@ from gateway.settings import GatewaySettings
 
 
 def build_discovery(settings: GatewaySettings) -> Discovery:
+    """Raises DiscoveryError (message names the setting) when the source cannot work."""
     if settings.discovery == "dns":
         assert settings.dns_name is not None  # enforced by GatewaySettings
-        return DnsDiscovery(settings.dns_name, settings.dns_port, settings.dns_interval_s)
+        return Dns(settings.dns_name, settings.dns_port, settings.dns_interval_s)
     if settings.discovery == "kubernetes":
         # Imported lazily: the kubernetes client is heavy and only this mode needs it.
-        from gateway.routing.discovery.kubernetes import KubernetesDiscovery
+        from gateway.routing.discovery.kubernetes import Kubernetes
 
-        assert settings.k8s_service is not None
-        return KubernetesDiscovery(settings.k8s_namespace, settings.k8s_service, settings.k8s_port)
-    return StaticDiscovery(settings.backends)
+        assert settings.k8s_service is not None  # enforced by GatewaySettings
+        return Kubernetes(settings.k8s_namespace, settings.k8s_service, settings.k8s_port)
+    return Static(settings.backends)
 
 
 def build_router(settings: GatewaySettings, prober: Prober) -> Router:

@@ -18,7 +18,9 @@ class RouteRequest:
 
 class RoutingPolicy(Protocol):
     def pick(self, candidates: Sequence[Backend], request: RouteRequest) -> Backend | None:
-        """Choose one of `candidates` (all available and serving the model), or None if empty."""
+        """Choose one of `candidates` (all available and serving the model), or None if empty.
+
+        Called on the hot path for every request: no awaits, no I/O, no logging."""
         ...
 
 
@@ -26,7 +28,9 @@ class LeastOutstanding:
     """Fewest requests in flight through this gateway; ties rotate.
 
     Rotation matters: at low load every replica ties at zero, and a fixed tie-break would send
-    every sequential request to the same replica.
+    every sequential request to the same replica. The rotation runs over the tied set itself
+    (the k-th tied candidate, k counting up), so ties stay fair even when loaded replicas sit
+    between idle ones.
     """
 
     __slots__ = ("_turn",)
@@ -40,14 +44,23 @@ class LeastOutstanding:
             return None
         if n == 1:
             return candidates[0]
+        # Two plain passes, no allocation: the minimum and how many share it, then the k-th.
+        least = candidates[0].outstanding
+        ties = 0
+        for b in candidates:
+            o = b.outstanding
+            if o < least:
+                least, ties = o, 1
+            elif o == least:
+                ties += 1
+        k = self._turn % ties
         self._turn += 1
-        start = self._turn % n
-        best = candidates[start]
-        for i in range(1, n):
-            b = candidates[(start + i) % n]
-            if b.outstanding < best.outstanding:
-                best = b
-        return best
+        for b in candidates:
+            if b.outstanding == least:
+                if k == 0:
+                    return b
+                k -= 1
+        raise AssertionError("unreachable: some candidate holds the minimum")
 
 
 _POLICIES: dict[str, Callable[[], RoutingPolicy]] = {"least_outstanding": LeastOutstanding}
@@ -58,6 +71,7 @@ def policy_names() -> list[str]:
 
 
 def make_policy(name: str) -> RoutingPolicy:
+    """A fresh policy object by name (policies keep state, e.g. the rotation)."""
     try:
         return _POLICIES[name]()
     except KeyError:

@@ -1,3 +1,5 @@
+"""The one thing the router asks of a discovery source."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -6,5 +8,12 @@ from typing import Protocol
 
 class Discovery(Protocol):
     def updates(self) -> AsyncIterator[frozenset[str]]:
-        """Yield the full set of backend base URLs, first at once, then on every change."""
+        """Yield the full set of backend base URLs (no trailing slash): first the initial set,
+        then the whole set again on every change. Each call starts an independent stream."""
         ...
+
+
+class DiscoveryError(Exception):
+    """A discovery source cannot work as configured (raised at construction, i.e. start-up).
+
+    The message names the setting to fix; the CLI prints it on one line."""

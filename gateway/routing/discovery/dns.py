@@ -1,11 +1,15 @@
-"""DNS discovery: a headless Service's A records, re-resolved periodically."""
+"""DNS discovery: a headless Service's A records, re-resolved periodically.
+
+A headless Service answers with one A record per ready pod, so re-resolving every few seconds
+follows scale-ups, rollouts and crashes without any Kubernetes permissions.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 log = logging.getLogger("gateway.discovery.dns")
 
@@ -13,22 +17,25 @@ Resolver = Callable[[str], Awaitable[list[str]]]
 
 
 async def resolve_a(name: str) -> list[str]:
+    """IPv4 addresses of `name` through the system resolver (the loop's getaddrinfo)."""
     infos = await asyncio.get_running_loop().getaddrinfo(
         name, None, family=socket.AF_INET, type=socket.SOCK_STREAM
     )
     return sorted({str(info[4][0]) for info in infos})
 
 
-class DnsDiscovery:
+class Dns:
     def __init__(
         self, name: str, port: int, interval_s: float, resolver: Resolver = resolve_a
     ) -> None:
+        if interval_s <= 0:
+            raise ValueError("GATEWAY_DNS_INTERVAL_S must be > 0")
         self._name = name
         self._port = port
         self._interval_s = interval_s
         self._resolve = resolver
 
-    async def updates(self) -> AsyncIterator[frozenset[str]]:
+    async def updates(self) -> AsyncGenerator[frozenset[str], None]:
         last: frozenset[str] | None = None
         while True:
             try:

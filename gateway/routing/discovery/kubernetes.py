@@ -1,10 +1,11 @@
 """Kubernetes discovery: list + watch the EndpointSlices of one Service.
 
 The official `kubernetes` client is synchronous, so list/watch runs in a daemon thread and hands
-each new URL set to the event loop. The watch resumes from the last resourceVersion; when the API
-server says that version is gone (410), the thread lists again from scratch, which is the
-documented recovery. Only endpoints whose `ready` condition is not false are routable: a
-terminating or not-yet-ready pod must not receive traffic.
+each new URL set to the event loop with `call_soon_threadsafe`. The watch resumes from the last
+resourceVersion it saw; when the API server says that version is gone (410, as an ERROR event or
+as the HTTP status), the thread lists again from scratch, which is the documented recovery. Only
+endpoints whose `ready` condition is not false are routable: a terminating or not-yet-ready pod
+must not receive traffic (Kubernetes treats an absent condition as ready, so do we).
 """
 
 from __future__ import annotations
@@ -12,23 +13,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from gateway.routing.discovery.base import DiscoveryError
+
 log = logging.getLogger("gateway.discovery.kubernetes")
 
 SERVICE_LABEL = "kubernetes.io/service-name"
 _NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+_GONE = 410
+
+Emit = Callable[[frozenset[str]], None]
 
 
 def default_api_client() -> client.ApiClient:
+    """In-cluster service account first, then the local kube config (for running outside)."""
     try:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
+        try:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        except (config.ConfigException, OSError) as exc:
+            raise DiscoveryError(
+                "GATEWAY_DISCOVERY=kubernetes: no in-cluster service account and no usable "
+                f"kube config ({exc})"
+            ) from None
     return client.ApiClient()
 
 
@@ -40,61 +53,82 @@ def own_namespace() -> str:
         return "default"
 
 
-def _field(obj: Any, name: str, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, dict) else getattr(obj, name, None)
+def _field(obj: Any, name: str) -> Any:
+    # The client hands us model objects; tests and raw events may hand us dicts (camelCase keys
+    # are the same as the snake_case attributes for every field read here).
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
 def slice_addresses(slice_obj: Any) -> set[str]:
     """Ready addresses of one EndpointSlice (model object or plain dict)."""
     out: set[str] = set()
-    for ep in _field(slice_obj, "endpoints", "endpoints") or []:
-        cond = _field(ep, "conditions", "conditions")
-        ready = _field(cond, "ready", "ready") if cond is not None else None
-        if ready is False:
+    for ep in _field(slice_obj, "endpoints") or []:
+        cond = _field(ep, "conditions")
+        if cond is not None and _field(cond, "ready") is False:
             continue
-        out.update(_field(ep, "addresses", "addresses") or [])
+        out.update(_field(ep, "addresses") or [])
     return out
 
 
-class KubernetesDiscovery:
+def slice_port(slice_obj: Any, port: int | str) -> int | None:
+    """The port number to use in this slice: a number as is, a name looked up in its ports."""
+    if isinstance(port, int):
+        return port
+    for p in _field(slice_obj, "ports") or []:
+        if _field(p, "name") == port and _field(p, "port") is not None:
+            return int(_field(p, "port"))
+    return None
+
+
+def slice_urls(slice_obj: Any, port: int | str) -> frozenset[str]:
+    number = slice_port(slice_obj, port)
+    if number is None:
+        return frozenset()
+    return frozenset(
+        f"http://[{a}]:{number}" if ":" in a else f"http://{a}:{number}"
+        for a in slice_addresses(slice_obj)
+    )
+
+
+class Kubernetes:
+    """Backends = ready endpoints of the EndpointSlices labelled kubernetes.io/service-name=S.
+
+    `port` is the backend (container) port as EndpointSlices list it: a number, or the name of
+    the Service port (e.g. "http"), resolved per slice.
+    """
+
     def __init__(
         self,
         namespace: str | None,
         service: str,
-        port: int,
-        api_client_factory: Callable[[], client.ApiClient] = default_api_client,
+        port: int | str,
+        *,
+        api_client: client.ApiClient | None = None,
         watch_timeout_s: int = 60,
         retry_s: float = 2.0,
     ) -> None:
         self._namespace = namespace or own_namespace()
         self._service = service
         self._port = port
-        self._factory = api_client_factory
+        # Built here, not in the thread: a missing config fails start-up with a clear message.
+        self._api_client = api_client if api_client is not None else default_api_client()
         self._watch_timeout_s = watch_timeout_s
         self._retry_s = retry_s
-        self._stop = threading.Event()
 
-    def _urls(self, slices: dict[str, set[str]]) -> frozenset[str]:
-        addrs = set().union(*slices.values()) if slices else set()
-        return frozenset(
-            f"http://[{a}]:{self._port}" if ":" in a else f"http://{a}:{self._port}"
-            for a in addrs
-        )
-
-    def _run(self, emit: Callable[[frozenset[str]], None]) -> None:
+    def _run(self, stop: threading.Event, emit: Emit) -> None:
         # The client's models are loosely typed; treat its objects as Any at this boundary.
-        api: Any = client.DiscoveryV1Api(self._factory())
+        api: Any = client.DiscoveryV1Api(self._api_client)
         selector = f"{SERVICE_LABEL}={self._service}"
-        while not self._stop.is_set():
+        while not stop.is_set():
             try:
                 listed: Any = api.list_namespaced_endpoint_slice(
                     self._namespace, label_selector=selector
                 )
-                slices: dict[str, set[str]] = {s.metadata.name: slice_addresses(s) for s in listed.items}
-                emit(self._urls(slices))
+                slices = {s.metadata.name: slice_urls(s, self._port) for s in listed.items}
+                emit(frozenset().union(*slices.values()))
                 rv = listed.metadata.resource_version
                 w: Any = watch.Watch()  # type: ignore[no-untyped-call]
-                while not self._stop.is_set():
+                while not stop.is_set():
                     for event in w.stream(
                         api.list_namespaced_endpoint_slice,
                         self._namespace,
@@ -102,33 +136,46 @@ class KubernetesDiscovery:
                         resource_version=rv,
                         timeout_seconds=self._watch_timeout_s,
                     ):
-                        obj: Any = event["object"]
-                        name = obj.metadata.name
-                        if event["type"] == "DELETED":
-                            slices.pop(name, None)
-                        else:
-                            slices[name] = slice_addresses(obj)
-                        emit(self._urls(slices))
-                        if self._stop.is_set():
+                        if stop.is_set():
                             return
+                        kind = event["type"]
+                        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+                            continue  # BOOKMARK: only moves the resourceVersion
+                        obj: Any = event["object"]
+                        if kind == "DELETED":
+                            slices.pop(obj.metadata.name, None)
+                        else:
+                            slices[obj.metadata.name] = slice_urls(obj, self._port)
+                        emit(frozenset().union(*slices.values()))
+                    # The server closed an idle watch (timeout_seconds): resume where we were.
                     rv = w.resource_version or rv
             except ApiException as exc:
-                if exc.status != 410:
-                    log.warning("EndpointSlice watch failed (%s); retrying", exc.status)
-                    self._stop.wait(self._retry_s)
+                if exc.status == _GONE:
+                    log.info("EndpointSlice watch expired (410 Gone); listing again")
+                else:
+                    log.warning("EndpointSlice list/watch failed (HTTP %s); retrying", exc.status)
+                    stop.wait(self._retry_s)
             except Exception as exc:  # noqa: BLE001 - any network error: keep the last set, retry
-                log.warning("EndpointSlice discovery error: %s; retrying", exc)
-                self._stop.wait(self._retry_s)
+                log.warning("EndpointSlice discovery error: %r; retrying", exc)
+                stop.wait(self._retry_s)
 
-    async def updates(self) -> AsyncIterator[frozenset[str]]:
+    async def updates(self) -> AsyncGenerator[frozenset[str], None]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+        stop = threading.Event()
 
         def emit(urls: frozenset[str]) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, urls)
+            if stop.is_set():
+                return
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, urls)
+            except RuntimeError:  # the loop closed under us: nobody is listening any more
+                stop.set()
 
-        thread = threading.Thread(target=self._run, args=(emit,), daemon=True,
-                                  name="k8s-discovery")
+        # Daemon: a watch blocked on a quiet stream ends at shutdown or at its timeout_seconds.
+        thread = threading.Thread(
+            target=self._run, args=(stop, emit), daemon=True, name="k8s-discovery"
+        )
         thread.start()
         last: frozenset[str] | None = None
         try:
@@ -138,4 +185,4 @@ class KubernetesDiscovery:
                     last = urls
                     yield urls
         finally:
-            self._stop.set()
+            stop.set()

@@ -1,12 +1,12 @@
 """Kubernetes discovery against the real `kubernetes` client, with a fake API server at its HTTP
-boundary (no API server can run here): list, then a watch stream, then 410 Gone and a re-list."""
+boundary (no API server can run here): list, watch streams, resume, 410 Gone and re-list."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -14,81 +14,118 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from kubernetes import client
 
-from gateway.routing.discovery.kubernetes import KubernetesDiscovery, slice_addresses
+from gateway.routing.discovery.base import DiscoveryError
+from gateway.routing.discovery.kubernetes import Kubernetes, slice_addresses, slice_urls
+
+PATH = "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices"
+SELECTOR = "kubernetes.io/service-name=workers"
+GONE = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
+        "reason": "Expired", "message": "too old resource version"}
 
 
-def eps(name: str, *addrs: tuple[str, bool | None]) -> dict[str, Any]:
+def eps(name: str, *addrs: tuple[str, bool | None], rv: str = "1",
+        ports: tuple[tuple[str, int], ...] = (("http", 8000),)) -> dict[str, Any]:
     return {
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-        "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1",
+        "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv,
                      "labels": {"kubernetes.io/service-name": "workers"}},
         "endpoints": [
             {"addresses": [a], **({} if r is None else {"conditions": {"ready": r}})}
             for a, r in addrs
         ],
-        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+        "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports],
     }
 
 
+def ev(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    return {"type": kind, "object": obj}
+
+
 class FakeApi:
-    """Scripted responses: lists in order, and watch event batches in order."""
+    """Scripted API server. Each list and each watch request takes the next script entry:
+    a list of items / of watch events, or an int for an HTTP error status. An exhausted watch
+    script serves idle watches that end after 0.1 s (like timeoutSeconds)."""
 
     def __init__(self) -> None:
-        self.lists: list[list[dict[str, Any]]] = []
-        self.watches: list[list[dict[str, Any]]] = []
-        self.requests: list[tuple[str, dict[str, list[str]]]] = []
+        self.lists: list[list[dict[str, Any]] | int] = []
+        self.watches: list[list[dict[str, Any]] | int] = []
+        self.requests: list[dict[str, list[str]]] = []
         self.lock = threading.Lock()
 
+    def watch_requests(self) -> list[dict[str, list[str]]]:
+        with self.lock:
+            return [q for q in self.requests if q.get("watch") == ["true"]]
 
-@pytest.fixture
-def api() -> Iterator[tuple[FakeApi, str]]:
-    fake = FakeApi()
 
+def _make_handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
             pass
 
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            q = parse_qs(url.query)
-            with fake.lock:
-                fake.requests.append((url.path, q))
-            assert url.path == "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices"
-            assert q["labelSelector"] == ["kubernetes.io/service-name=workers"]
-            if q.get("watch") == ["true"]:
-                with fake.lock:
-                    batch = fake.watches.pop(0) if fake.watches else []
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.end_headers()
-                for ev in batch:
-                    self.wfile.write(json.dumps(ev).encode() + b"\n")
-                    self.wfile.flush()
-                if not batch:
-                    threading.Event().wait(0.2)  # an idle watch that then times out
-                return
-            with fake.lock:
-                items = fake.lists.pop(0) if len(fake.lists) > 1 else fake.lists[0]
-            body = json.dumps({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
-                               "metadata": {"resourceVersion": "10"}, "items": items}).encode()
-            self.send_response(200)
+        def _json(self, status: int, doc: dict[str, Any]) -> None:
+            body = json.dumps(doc).encode()
+            self.send_response(status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+        def do_GET(self) -> None:
+            url = urlparse(self.path)
+            q = parse_qs(url.query)
+            with fake.lock:
+                fake.requests.append(q)
+            if url.path != PATH or q.get("labelSelector") != [SELECTOR]:
+                self._json(404, {"kind": "Status", "code": 404, "message": self.path})
+                return
+            if q.get("watch") == ["true"]:
+                with fake.lock:
+                    step = fake.watches.pop(0) if fake.watches else []
+                if isinstance(step, int):
+                    self._json(step, {**GONE, "code": step})
+                    return
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.end_headers()
+                for event in step:
+                    self.wfile.write(json.dumps(event).encode() + b"\n")
+                    self.wfile.flush()
+                if not step:
+                    threading.Event().wait(0.1)
+                return
+            with fake.lock:
+                page = fake.lists.pop(0) if len(fake.lists) > 1 else fake.lists[0]
+            if isinstance(page, int):
+                self._json(page, {"kind": "Status", "code": page, "message": "boom"})
+                return
+            self._json(200, {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
+                             "metadata": {"resourceVersion": "10"}, "items": page})
+
+    return Handler
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[FakeApi, client.ApiClient]]:
+    fake = FakeApi()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(fake))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
-    yield fake, f"http://127.0.0.1:{server.server_address[1]}"
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
+    api_client = client.ApiClient(cfg)
+    yield fake, api_client
+    api_client.close()  # type: ignore[no-untyped-call]
     server.shutdown()
     server.server_close()
 
 
-def api_client(host: str) -> client.ApiClient:
-    cfg = client.Configuration()
-    cfg.host = host
-    return client.ApiClient(cfg)
+async def collect(d: Kubernetes, n: int) -> list[frozenset[str]]:
+    it: AsyncGenerator[frozenset[str], None] = d.updates()
+    try:
+        return [await asyncio.wait_for(anext(it), 5) for _ in range(n)]
+    finally:
+        await it.aclose()
 
 
 def test_ready_condition_filters_addresses() -> None:
@@ -96,30 +133,91 @@ def test_ready_condition_filters_addresses() -> None:
     assert slice_addresses(s) == {"10.0.0.1", "10.0.0.3"}
 
 
-async def test_list_watch_and_relist_after_410(api: tuple[FakeApi, str]) -> None:
-    fake, host = api
+def test_ports_by_number_or_name_and_ipv6() -> None:
+    s = eps("a", ("10.0.0.1", True), ports=(("metrics", 9100), ("http", 8080)))
+    assert slice_urls(s, 8000) == {"http://10.0.0.1:8000"}
+    assert slice_urls(s, "http") == {"http://10.0.0.1:8080"}
+    assert slice_urls(s, "grpc") == frozenset()  # no such named port: nothing routable
+    assert slice_urls(eps("b", ("fd00::7", True)), 8000) == {"http://[fd00::7]:8000"}
+
+
+async def test_list_watch_and_relist_after_410_event(
+    api: tuple[FakeApi, client.ApiClient],
+) -> None:
+    fake, api_client = api
     fake.lists = [[eps("s1", ("10.0.0.1", True))], [eps("s1", ("10.0.0.7", True))]]
-    fake.watches = [
-        [
-            {"type": "ADDED", "object": eps("s2", ("10.0.0.2", True))},
-            {"type": "MODIFIED", "object": eps("s1", ("10.0.0.1", False))},
-            {"type": "DELETED", "object": eps("s2")},
-            {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "code": 410,
-                                          "status": "Failure", "reason": "Expired",
-                                          "message": "too old resource version"}},
-        ],
-    ]
-    d = KubernetesDiscovery("ns", "workers", 8000, api_client_factory=lambda: api_client(host),
-                            watch_timeout_s=1, retry_s=0.05)
-    it = d.updates().__aiter__()
-    seen = [await asyncio.wait_for(it.__anext__(), 10) for _ in range(5)]
-    await it.aclose()  # type: ignore[attr-defined]
-    assert seen == [
+    fake.watches = [[
+        ev("ADDED", eps("s2", ("10.0.0.2", True), rv="11")),
+        ev("MODIFIED", eps("s1", ("10.0.0.1", False), rv="12")),
+        ev("DELETED", eps("s2", rv="13")),
+        {"type": "ERROR", "object": GONE},
+    ]]
+    d = Kubernetes("ns", "workers", 8000, api_client=api_client, watch_timeout_s=1, retry_s=0.05)
+    assert await collect(d, 5) == [
         {"http://10.0.0.1:8000"},
         {"http://10.0.0.1:8000", "http://10.0.0.2:8000"},
         {"http://10.0.0.2:8000"},  # 10.0.0.1 turned not-ready
         frozenset(),  # s2 deleted
         {"http://10.0.0.7:8000"},  # re-listed after 410 Gone
     ]
-    watch_calls = [q for _, q in fake.requests if q.get("watch") == ["true"]]
-    assert watch_calls[0]["resourceVersion"] == ["10"]
+    watch = fake.watch_requests()[0]
+    assert watch["resourceVersion"] == ["10"]  # the watch starts where the list ended
+    assert watch["timeoutSeconds"] == ["1"]
+
+
+async def test_watch_resumes_from_last_resource_version(
+    api: tuple[FakeApi, client.ApiClient],
+) -> None:
+    fake, api_client = api
+    fake.lists = [[eps("s1", ("10.0.0.1", True))]]
+    fake.watches = [
+        [ev("ADDED", eps("s2", ("10.0.0.2", True), rv="17"))],  # then the server closes it
+        [ev("DELETED", eps("s1", rv="18"))],
+    ]
+    d = Kubernetes("ns", "workers", 8000, api_client=api_client, watch_timeout_s=1, retry_s=0.05)
+    assert await collect(d, 3) == [
+        {"http://10.0.0.1:8000"},
+        {"http://10.0.0.1:8000", "http://10.0.0.2:8000"},
+        {"http://10.0.0.2:8000"},
+    ]
+    resumed = [q["resourceVersion"] for q in fake.watch_requests()[:2]]
+    assert resumed == [["10"], ["17"]]
+    lists = [q for q in fake.requests if "watch" not in q]
+    assert len(lists) == 1  # a closed watch is resumed, not re-listed
+
+
+async def test_relist_after_410_status_and_retry_after_server_error(
+    api: tuple[FakeApi, client.ApiClient],
+) -> None:
+    fake, api_client = api
+    fake.lists = [
+        500,  # API server hiccup: retried after retry_s
+        [eps("s1", ("10.0.0.1", True))],
+        [eps("s1", ("10.0.0.1", True), ("10.0.0.3", True))],
+    ]
+    fake.watches = [410]  # the watch request itself answers 410 Gone
+    d = Kubernetes("ns", "workers", 8000, api_client=api_client, watch_timeout_s=1, retry_s=0.05)
+    assert await collect(d, 2) == [
+        {"http://10.0.0.1:8000"},
+        {"http://10.0.0.1:8000", "http://10.0.0.3:8000"},
+    ]
+
+
+async def test_named_port_resolved_per_slice(api: tuple[FakeApi, client.ApiClient]) -> None:
+    fake, api_client = api
+    fake.lists = [[
+        eps("s1", ("10.0.0.1", True), ports=(("http", 8000),)),
+        eps("s2", ("10.0.0.2", True), ports=(("http", 8001), ("metrics", 9100))),
+    ]]
+    d = Kubernetes("ns", "workers", "http", api_client=api_client, watch_timeout_s=1)
+    assert await collect(d, 1) == [{"http://10.0.0.1:8000", "http://10.0.0.2:8001"}]
+
+
+def test_missing_cluster_config_is_a_clear_startup_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(DiscoveryError, match="GATEWAY_DISCOVERY=kubernetes"):
+        Kubernetes("ns", "workers", 8000)

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from gateway.routing.backend import Backend
-from gateway.routing.policy import LeastOutstanding, RouteRequest, make_policy
+from gateway.routing.policy import LeastOutstanding, RouteRequest, make_policy, policy_names
 
 REQ = RouteRequest("m")
 
@@ -12,22 +14,52 @@ def backends(*outstanding: int) -> list[Backend]:
     out = []
     for i, n in enumerate(outstanding):
         b = Backend(f"http://b{i}:8000")
-        b.outstanding = n
+        for _ in range(n):
+            b.acquire()
         out.append(b)
     return out
 
 
 def test_picks_fewest_outstanding() -> None:
     bs = backends(3, 1, 2)
-    assert LeastOutstanding().pick(bs, REQ) is bs[1]
+    p = LeastOutstanding()
+    # Whatever the rotation, the least loaded wins every time.
+    assert all(p.pick(bs, REQ) is bs[1] for _ in range(6))
 
 
 def test_ties_rotate_so_sequential_requests_spread() -> None:
     bs = backends(0, 0, 0)
     p = LeastOutstanding()
-    picks = [p.pick(bs, REQ) for _ in range(6)]
-    assert {id(b) for b in picks} == {id(b) for b in bs}
-    assert all(picks.count(b) == 2 for b in bs)
+    counts = Counter(p.pick(bs, REQ) for _ in range(6))
+    assert counts == {bs[0]: 2, bs[1]: 2, bs[2]: 2}
+
+
+def test_sequential_requests_at_concurrency_one_spread() -> None:
+    # acquire/pick/release in a loop: every replica is at 0 each time, yet all take turns.
+    bs = backends(0, 0)
+    p = LeastOutstanding()
+    seen = []
+    for _ in range(4):
+        b = p.pick(bs, REQ)
+        assert b is not None
+        b.acquire()
+        seen.append(b.url)
+        b.release()
+    assert seen.count(bs[0].url) == 2 and seen.count(bs[1].url) == 2
+
+
+def test_only_the_least_loaded_share_the_rotation() -> None:
+    bs = backends(0, 4, 0)
+    p = LeastOutstanding()
+    counts = Counter(p.pick(bs, REQ) for _ in range(10))
+    assert counts == {bs[0]: 5, bs[2]: 5}
+
+
+def test_candidates_are_what_the_router_passes() -> None:
+    # Exclusion is the router's job (see test_router): the policy sees only what it is given.
+    bs = backends(0, 0, 0)
+    p = LeastOutstanding()
+    assert {p.pick(bs[1:], REQ) for _ in range(4)} == {bs[1], bs[2]}
 
 
 def test_empty_and_single() -> None:
@@ -35,6 +67,13 @@ def test_empty_and_single() -> None:
     assert p.pick([], REQ) is None
     (only,) = backends(5)
     assert p.pick([only], REQ) is only
+
+
+def test_registry_by_name() -> None:
+    assert "least_outstanding" in policy_names()
+    assert isinstance(make_policy("least_outstanding"), LeastOutstanding)
+    # Each call is a fresh policy: two routers never share rotation state.
+    assert make_policy("least_outstanding") is not make_policy("least_outstanding")
 
 
 def test_unknown_policy_names_the_setting() -> None:

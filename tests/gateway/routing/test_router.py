@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 
-from gateway.routing.discovery.static import StaticDiscovery
+from gateway.routing.backend import Backend
+from gateway.routing.discovery.static import Static
 from gateway.routing.policy import LeastOutstanding
 from gateway.routing.router import Router
 
@@ -16,8 +17,11 @@ class FakeProber:
     def __init__(self, models: dict[str, list[str]]) -> None:
         self.models_by_url = models
         self.down: set[str] = set()
+        self.raises: set[str] = set()
 
     async def health(self, base_url: str) -> bool:
+        if base_url in self.raises:
+            raise ConnectionResetError("prober bug or unexpected transport error")
         return base_url in self.models_by_url and base_url not in self.down
 
     async def models(self, base_url: str) -> list[str] | None:
@@ -34,14 +38,48 @@ class Clock:
         return self.now
 
 
+class PushDiscovery:
+    """Discovery driven by the test: each put() is one update."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+
+    def put(self, *urls: str) -> None:
+        self.queue.put_nowait(frozenset(urls))
+
+    async def updates(self) -> AsyncGenerator[frozenset[str], None]:
+        while True:
+            yield await self.queue.get()
+
+
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
+Setup = tuple[Router, FakeProber, Clock]
+
+
+def url(b: Backend | None) -> str:
+    assert b is not None
+    return b.url
+
+
+def backend(router: Router, u: str) -> Backend:
+    return next(b for b in router.backends() if b.url == u)
+
+
+async def settle(router: Router, predicate: object) -> None:
+    """Let the router's tasks run until `predicate()` holds (bounded)."""
+    assert callable(predicate)
+    for _ in range(200):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("router did not reach the expected state")
 
 
 @pytest.fixture
-async def setup() -> AsyncIterator[tuple[Router, FakeProber, Clock]]:
+async def setup() -> AsyncIterator[Setup]:
     prober = FakeProber({A: ["llama"], B: ["llama"], C: ["qwen"]})
     clock = Clock()
-    router = Router(StaticDiscovery([A, B, C]), prober, LeastOutstanding(),
+    router = Router(Static([A, B, C]), prober, LeastOutstanding(),
                     health_interval_s=3600, eject_after_failures=2, eject_for_s=10, clock=clock)
     await router.start()
     assert await router.wait_ready(2)
@@ -49,15 +87,23 @@ async def setup() -> AsyncIterator[tuple[Router, FakeProber, Clock]]:
     await router.stop()
 
 
-async def test_one_pool_per_model(setup: tuple[Router, FakeProber, Clock]) -> None:
+async def test_one_pool_per_model(setup: Setup) -> None:
     router, _, _ = setup
     assert router.models() == ["llama", "qwen"]
-    assert {router.pick("llama").url for _ in range(4)} == {A, B}  # type: ignore[union-attr]
-    assert router.pick("qwen").url == C  # type: ignore[union-attr]
+    assert {url(router.pick("llama")) for _ in range(4)} == {A, B}
+    assert {url(router.pick("qwen")) for _ in range(4)} == {C}
     assert router.pick("nope") is None and not router.knows_model("nope")
 
 
-async def test_exclude_skips_tried_backends(setup: tuple[Router, FakeProber, Clock]) -> None:
+async def test_least_outstanding_within_the_pool(setup: Setup) -> None:
+    router, _, _ = setup
+    backend(router, A).acquire()
+    assert {url(router.pick("llama")) for _ in range(4)} == {B}
+    backend(router, A).release()
+    assert {url(router.pick("llama")) for _ in range(4)} == {A, B}
+
+
+async def test_exclude_skips_tried_backends(setup: Setup) -> None:
     router, _, _ = setup
     first = router.pick("llama")
     assert first is not None
@@ -66,53 +112,160 @@ async def test_exclude_skips_tried_backends(setup: tuple[Router, FakeProber, Clo
     assert router.pick("llama", [first, second]) is None
 
 
-async def test_passive_ejection_and_readmission(setup: tuple[Router, FakeProber, Clock]) -> None:
+async def test_passive_ejection_and_readmission(setup: Setup) -> None:
     router, _, clock = setup
-    a = next(b for b in router.backends() if b.url == A)
+    a = backend(router, A)
     router.report_failure(a)
     assert a.available(clock.now)  # one failure is not enough
     router.report_failure(a)
     assert not a.available(clock.now)
-    assert {router.pick("llama").url for _ in range(4)} == {B}  # type: ignore[union-attr]
+    assert {url(router.pick("llama")) for _ in range(4)} == {B}
+    clock.now += 9.9
+    assert router.pick("llama", [backend(router, B)]) is None
+    clock.now += 0.1
+    assert a.available(clock.now)
+    assert {url(router.pick("llama")) for _ in range(4)} == {A, B}
+
+
+async def test_passing_probe_does_not_cut_an_ejection_short(setup: Setup) -> None:
+    router, _, clock = setup
+    a = backend(router, A)
+    router.report_failure(a)
+    router.report_failure(a)
+    await router.probe_all()  # /health still says 200
+    assert not a.available(clock.now)
     clock.now += 10
     assert a.available(clock.now)
 
 
-async def test_success_resets_the_failure_count(setup: tuple[Router, FakeProber, Clock]) -> None:
+async def test_failing_probe_during_ejection_keeps_it_out(setup: Setup) -> None:
+    router, prober, clock = setup
+    a = backend(router, A)
+    router.report_failure(a)
+    router.report_failure(a)
+    prober.down = {A}
+    await router.probe_all()
+    clock.now += 10
+    assert not a.available(clock.now)
+    prober.down = set()
+    await router.probe_all()
+    assert a.available(clock.now)
+
+
+async def test_success_resets_the_failure_count(setup: Setup) -> None:
     router, _, clock = setup
-    a = next(b for b in router.backends() if b.url == A)
+    a = backend(router, A)
     router.report_failure(a)
     router.report_success(a)
     router.report_failure(a)
     assert a.available(clock.now)
 
 
-async def test_failed_probe_makes_unavailable_but_model_still_known(
-    setup: tuple[Router, FakeProber, Clock],
-) -> None:
+async def test_all_ejected_is_not_ready(setup: Setup) -> None:
+    router, _, clock = setup
+    for b in router.backends():
+        router.report_failure(b)
+        router.report_failure(b)
+    assert not router.ready() and router.models() == []
+    assert router.knows_model("llama")  # 503 while they sit out, not 404
+    clock.now += 10
+    assert router.ready()
+
+
+async def test_failed_probe_makes_unavailable_but_model_still_known(setup: Setup) -> None:
     router, prober, _ = setup
     prober.down = {C}
     await router.probe_all()
     assert router.pick("qwen") is None
     assert router.knows_model("qwen")  # 503, not 404
+    assert not router.knows_model("gpt-5")  # 404
     assert router.models() == ["llama"]
     prober.down = set()
     await router.probe_all()
-    assert router.pick("qwen") is not None
+    assert url(router.pick("qwen")) == C
 
 
-async def test_discovery_churn_adds_and_drops(setup: tuple[Router, FakeProber, Clock]) -> None:
+async def test_prober_exception_counts_as_down_and_probing_goes_on(setup: Setup) -> None:
     router, prober, _ = setup
-    prober.models_by_url["http://d:1"] = ["qwen"]
-    await router.set_backends(frozenset({A, "http://d:1"}))
-    assert {b.url for b in router.backends()} == {A, "http://d:1"}
-    assert router.pick("qwen").url == "http://d:1"  # type: ignore[union-attr]
-    assert {router.pick("llama").url for _ in range(3)} == {A}  # type: ignore[union-attr]
+    prober.raises = {C}
+    await router.probe_all()
+    assert router.pick("qwen") is None and url(router.pick("llama")) in {A, B}
+    prober.raises = set()
+    await router.probe_all()
+    assert url(router.pick("qwen")) == C
+
+
+async def test_probe_loop_marks_down_and_up() -> None:
+    prober = FakeProber({A: ["llama"], B: ["llama"]})
+    router = Router(Static([A, B]), prober, LeastOutstanding(), health_interval_s=0.01,
+                    eject_after_failures=1, eject_for_s=1)
+    await router.start()
+    try:
+        assert await router.wait_ready(2)
+        await settle(router, lambda: len(router.models()) == 1)
+        prober.down = {B}
+        await settle(router, lambda: {url(router.pick("llama")) for _ in range(4)} == {A})
+        prober.down = set()
+        await settle(router, lambda: {url(router.pick("llama")) for _ in range(4)} == {A, B})
+    finally:
+        await router.stop()
+
+
+async def test_discovery_churn_through_updates() -> None:
+    prober = FakeProber({A: ["llama"], B: ["llama"], C: ["qwen"]})
+    disco = PushDiscovery()
+    router = Router(disco, prober, LeastOutstanding(), health_interval_s=3600,
+                    eject_after_failures=1, eject_for_s=60)
+    await router.start()
+    try:
+        disco.put(A)
+        assert await router.wait_ready(2)
+        assert router.models() == ["llama"]
+
+        disco.put(A, B + "/", C)  # scale-up; a trailing slash is the same base URL
+        await settle(router, lambda: router.models() == ["llama", "qwen"])
+        assert sorted(b.url for b in router.backends()) == [A, B, C]
+        assert {url(router.pick("llama")) for _ in range(4)} == {A, B}
+
+        in_flight = router.pick("qwen")
+        assert in_flight is not None
+        in_flight.acquire()
+        router.report_failure(in_flight)  # ejected
+        disco.put(A, B)  # C's pod went away mid-request
+        await settle(router, lambda: len(router.backends()) == 2)
+        assert router.pick("qwen") is None and not router.knows_model("qwen")
+        in_flight.release()  # the request still holds its reference and finishes normally
+        assert in_flight.outstanding == 0
+
+        disco.put(A, B, C)  # C comes back: a fresh backend, no ejection carried over
+        await settle(router, lambda: router.pick("qwen") is not None)
+        assert backend(router, C) is not in_flight
+    finally:
+        await router.stop()
+
+
+async def test_new_backend_is_unavailable_until_its_first_probe_passes() -> None:
+    prober = FakeProber({A: ["llama"]})
+    disco = PushDiscovery()
+    router = Router(disco, prober, LeastOutstanding(), health_interval_s=0.02,
+                    eject_after_failures=1, eject_for_s=1)
+    await router.start()
+    try:
+        disco.put(A)
+        assert await router.wait_ready(2)
+        disco.put(A, B)  # B still loading its model: /health fails
+        await settle(router, lambda: len(router.backends()) == 2)
+        assert not backend(router, B).available(0.0)
+        assert {url(router.pick("llama")) for _ in range(4)} == {A}
+        prober.models_by_url[B] = ["llama"]
+        await settle(router, lambda: {url(router.pick("llama")) for _ in range(4)} == {A, B})
+    finally:
+        await router.stop()
 
 
 async def test_not_ready_until_first_probe_passes() -> None:
     prober = FakeProber({})
-    router = Router(StaticDiscovery([A]), prober, LeastOutstanding(), health_interval_s=0.05,
+    router = Router(Static([A]), prober, LeastOutstanding(), health_interval_s=0.05,
                     eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
@@ -121,15 +274,32 @@ async def test_not_ready_until_first_probe_passes() -> None:
         assert await router.wait_ready(2)
     finally:
         await router.stop()
-        await asyncio.sleep(0)
 
 
 async def test_no_model_known_before_any_probe_passes() -> None:
-    router = Router(StaticDiscovery([A]), FakeProber({}), LeastOutstanding(),
+    router = Router(Static([A]), FakeProber({}), LeastOutstanding(),
                     health_interval_s=3600, eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
-        await asyncio.sleep(0.05)
+        await settle(router, lambda: len(router.backends()) == 1)
+        await asyncio.sleep(0.01)
         assert not router.knows_any_model() and not router.knows_model("llama")
+        assert router.pick("llama") is None and not router.ready()
     finally:
         await router.stop()
+
+
+async def test_stop_cancels_background_tasks() -> None:
+    router = Router(PushDiscovery(), FakeProber({}), LeastOutstanding(), health_interval_s=0.01,
+                    eject_after_failures=1, eject_for_s=1)
+    await router.start()
+    tasks = [t for t in asyncio.all_tasks() if t.get_name().startswith("router-")]
+    assert len(tasks) == 2
+    await router.stop()
+    assert all(t.done() for t in tasks)
+
+
+def test_rejects_inconsistent_parameters() -> None:
+    with pytest.raises(ValueError, match="eject_after_failures"):
+        Router(Static([]), FakeProber({}), LeastOutstanding(), health_interval_s=1,
+               eject_after_failures=0, eject_for_s=1)

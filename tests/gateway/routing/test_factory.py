@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+
+from gateway.routing.discovery.base import DiscoveryError
+from gateway.routing.factory import build_discovery, build_router
+from gateway.settings import GatewaySettings
+
+
+class NoProber:
+    async def health(self, base_url: str) -> bool:
+        return False
+
+    async def models(self, base_url: str) -> list[str] | None:
+        return None
+
+
+async def test_static_settings_build_a_router_over_the_list() -> None:
+    s = GatewaySettings(backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    router = build_router(s, NoProber())
+    await router.start()
+    try:
+        await router.wait_ready(0.05)
+        assert sorted(b.url for b in router.backends()) == ["http://127.0.0.1:1",
+                                                             "http://127.0.0.1:2"]
+        assert not router.ready()  # nothing answered a probe
+    finally:
+        await router.stop()
+
+
+async def test_dns_settings_resolve_the_name() -> None:
+    s = GatewaySettings(discovery="dns", dns_name="localhost", dns_port=8123)
+    it = build_discovery(s).updates()
+    assert "http://127.0.0.1:8123" in await anext(it)
+    await it.aclose()  # type: ignore[attr-defined]
+
+
+def test_unknown_policy_fails_at_build() -> None:
+    with pytest.raises(ValueError, match="GATEWAY_ROUTING_POLICY"):
+        build_router(GatewaySettings(routing_policy="nope"), NoProber())
+
+
+def test_kubernetes_without_cluster_config_fails_at_build(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object,
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path}/absent")
+    s = GatewaySettings(discovery="kubernetes", k8s_namespace="ns", k8s_service="workers")
+    with pytest.raises(DiscoveryError, match="GATEWAY_DISCOVERY=kubernetes"):
+        build_router(s, NoProber())
