@@ -5,12 +5,18 @@ from __future__ import annotations
 import sys
 
 from gateway.cli import settings_from_args
+from gateway.routing.discovery.base import DiscoveryError
 from gateway.server import run
 
 
 def main(argv: list[str] | None = None) -> None:
     settings = settings_from_args(sys.argv[1:] if argv is None else argv)
-    run(settings)
+    try:
+        run(settings)
+    except DiscoveryError as exc:
+        # e.g. kubernetes discovery outside a cluster with no kube config: one line, no traceback.
+        print(f"python -m gateway: error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
