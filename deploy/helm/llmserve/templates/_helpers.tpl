@@ -1,0 +1,142 @@
+{{/*
+Names, labels, images and merging. Resource names stay short enough for LeaderWorkerSet pod
+hostnames (<lws>-<group>-<index>, 63 characters at most): fullname <= 32, pool names <= 24.
+*/}}
+
+{{- define "llmserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "llmserve.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 32 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 32 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 32 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "llmserve.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "llmserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "llmserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "llmserve.labels" -}}
+helm.sh/chart: {{ include "llmserve.chart" . }}
+{{ include "llmserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: llmserve
+{{- end -}}
+
+{{/* Component names and selectors: (dict "root" $ "component" "gateway") */}}
+{{- define "llmserve.componentSelector" -}}
+{{ include "llmserve.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "llmserve.componentLabels" -}}
+{{ include "llmserve.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "llmserve.gateway.fullname" -}}
+{{- printf "%s-gateway" (include "llmserve.fullname" .) -}}
+{{- end -}}
+
+{{- define "llmserve.gateway.serviceAccountName" -}}
+{{- if .Values.gateway.serviceAccount.create -}}
+{{- default (include "llmserve.gateway.fullname" .) .Values.gateway.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.gateway.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The headless Service in front of every serving worker pod, whatever its pool. */}}
+{{- define "llmserve.workers.serviceName" -}}
+{{- printf "%s-workers" (include "llmserve.fullname" .) -}}
+{{- end -}}
+
+{{- define "llmserve.worker.serviceAccountName" -}}
+{{- printf "%s-worker" (include "llmserve.fullname" .) -}}
+{{- end -}}
+
+{{- define "llmserve.modelFetch.serviceAccountName" -}}
+{{- printf "%s-model-fetch" (include "llmserve.fullname" .) -}}
+{{- end -}}
+
+{{- define "llmserve.modelStorage.claimName" -}}
+{{- default (printf "%s-models" (include "llmserve.fullname" .)) .Values.modelStorage.existingClaim -}}
+{{- end -}}
+
+{{- define "llmserve.minio.fullname" -}}
+{{- printf "%s-minio" (include "llmserve.fullname" .) -}}
+{{- end -}}
+
+{{- define "llmserve.minio.secretName" -}}
+{{- default (include "llmserve.minio.fullname" .) .Values.minio.existingSecret -}}
+{{- end -}}
+
+{{- define "llmserve.apiKeys.secretName" -}}
+{{- default (printf "%s-api-keys" (include "llmserve.fullname" .)) .Values.gateway.apiKeys.existingSecret -}}
+{{- end -}}
+
+{{/*
+Image reference: (dict "root" $ "image" <{repository, tag, digest}>). A digest pins the image and
+wins over the tag; the tag defaults to the chart's appVersion.
+*/}}
+{{- define "llmserve.image" -}}
+{{- $repo := .image.repository -}}
+{{- if .root.Values.image.registry -}}
+{{- $repo = printf "%s/%s" .root.Values.image.registry $repo -}}
+{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repo .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Recursive merge returning YAML: (dict "base" <map> "over" <map>). Unlike sprig's mergeOverwrite,
+an explicit false, 0 or "" in `over` wins: a pool can turn off what the defaults turn on.
+*/}}
+{{- define "llmserve.deepMerge" -}}
+{{- $out := deepCopy .base -}}
+{{- range $key, $value := .over -}}
+{{- $current := get $out $key -}}
+{{- if and (kindIs "map" $value) (kindIs "map" $current) -}}
+{{- $_ := set $out $key (include "llmserve.deepMerge" (dict "base" $current "over" $value) | fromYaml) -}}
+{{- else -}}
+{{- $_ := set $out $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* preStop sleep + drain + margin, or the explicit value (refused when shorter than the first two). */}}
+{{- define "llmserve.gracePeriod" -}}
+{{- $needed := add (int .preStop) (int .drain) -}}
+{{- if kindIs "invalid" .explicit -}}
+{{- add $needed (int .margin) -}}
+{{- else if lt (int .explicit) $needed -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds=%d is shorter than preStopSleepSeconds + drainTimeoutSeconds = %d" .where (int .explicit) $needed) -}}
+{{- else -}}
+{{- int .explicit -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "llmserve.preStopSleep" -}}
+lifecycle:
+  preStop:
+    exec:
+      command: ["sleep", {{ . | int | toString | quote }}]
+{{- end -}}

@@ -1,0 +1,104 @@
+{{/*
+One worker pool, normalised: workerDefaults merged under the pool's own keys, defaults filled in,
+layout derived and checked. Returns YAML; callers do `include ... | fromYaml`.
+  (dict "root" $ "pool" <entry of .Values.models> "index" <int>)
+
+Derived keys: resourceName, serving/multiNode flags, nodes (pods per group), gpusPerPod,
+modelDir, imageRef.
+
+The layout rule: tensor parallel stays inside a node (it needs the intra-node interconnect),
+pipeline stages are what crosses nodes. So every pod of a group runs
+tensorParallelSize x pipelineParallelSize / nodes engine ranks, one GPU each.
+*/}}
+{{- define "llmserve.pool" -}}
+{{- $root := .root -}}
+{{- $where := printf "models[%d] (%s)" (int .index) (.pool.name | default "?") -}}
+{{- $m := include "llmserve.deepMerge" (dict "base" (omit $root.Values.workerDefaults "port") "over" .pool) | fromYaml -}}
+{{- if hasKey $m "Error" -}}{{- fail (printf "%s: %s" $where $m.Error) -}}{{- end -}}
+{{- $_ := set $m "revision" ($m.revision | default "main") -}}
+{{- $_ := set $m "servedModelName" ($m.servedModelName | default $m.model) -}}
+{{- $_ := set $m "device" ($m.device | default "gpu") -}}
+{{- $_ := set $m "dtype" ($m.dtype | default "auto") -}}
+{{- $_ := set $m "tensorParallelSize" (int ($m.tensorParallelSize | default 1)) -}}
+{{- $_ := set $m "pipelineParallelSize" (int ($m.pipelineParallelSize | default 1)) -}}
+{{- $_ := set $m "replicas" (int (ternary 1 $m.replicas (kindIs "invalid" $m.replicas))) -}}
+{{- $_ := set $m "port" (int $root.Values.workerDefaults.port) -}}
+{{- $tp := $m.tensorParallelSize -}}
+{{- $pp := $m.pipelineParallelSize -}}
+{{- $nodes := 1 -}}
+{{- if $m.multiNode -}}
+{{- $mn := merge (deepCopy $m.multiNode) (dict "masterPort" 29500 "restartPolicy" "RecreateGroupOnPodRestart" "startupPolicy" "LeaderCreated") -}}
+{{- $_ := set $m "multiNode" $mn -}}
+{{- $nodes = int $mn.nodes -}}
+{{- if lt $nodes 2 -}}
+{{- fail (printf "%s: multiNode.nodes=%d: a multi-node group has at least 2 nodes" $where $nodes) -}}
+{{- end -}}
+{{- if or (lt $pp $nodes) (ne (mod $pp $nodes) 0) -}}
+{{- fail (printf "%s: pipelineParallelSize=%d must be a multiple of multiNode.nodes=%d (each node runs whole pipeline stages; tensor parallel never crosses nodes)" $where $pp $nodes) -}}
+{{- end -}}
+{{- if eq (int $mn.masterPort) (int $m.port) -}}
+{{- fail (printf "%s: multiNode.masterPort=%d collides with workerDefaults.port" $where (int $mn.masterPort)) -}}
+{{- end -}}
+{{- else if gt $pp 1 -}}
+{{- fail (printf "%s: pipelineParallelSize=%d needs multiNode settings: pipeline stages are split across nodes (use tensorParallelSize within one node)" $where $pp) -}}
+{{- end -}}
+{{- $_ := set $m "nodes" $nodes -}}
+{{- $_ := set $m "isMultiNode" (gt $nodes 1) -}}
+{{- $gpus := 0 -}}
+{{- if eq $m.device "gpu" -}}
+{{- $gpus = div (mul $tp $pp) $nodes -}}
+{{- end -}}
+{{- $_ := set $m "gpusPerPod" $gpus -}}
+{{- $_ := set $m "resourceName" (printf "%s-%s" (include "llmserve.fullname" $root) $m.name | trunc 63 | trimSuffix "-") -}}
+{{- $_ := set $m "modelDir" (printf "%s/%s/%s" $root.Values.modelStorage.mountPath $m.model $m.revision) -}}
+{{- $image := $m.image | default dict -}}
+{{- if not $image.repository -}}
+{{- $image = ternary $root.Values.image.workerGpu $root.Values.image.workerCpu (eq $m.device "gpu") -}}
+{{- end -}}
+{{- $_ := set $m "imageRef" (include "llmserve.image" (dict "root" $root "image" $image)) -}}
+{{- toYaml $m -}}
+{{- end -}}
+
+{{/* Every pool, normalised, as a YAML list under `pools`; also checks names are unique. */}}
+{{- define "llmserve.pools" -}}
+{{- $pools := list -}}
+{{- $seen := dict -}}
+{{- range $i, $pool := .Values.models -}}
+{{- $m := include "llmserve.pool" (dict "root" $ "pool" $pool "index" $i) | fromYaml -}}
+{{- if hasKey $seen $m.name -}}
+{{- fail (printf "models[%d]: pool name %q is used twice" $i $m.name) -}}
+{{- end -}}
+{{- $_ := set $seen $m.name true -}}
+{{- $pools = append $pools $m -}}
+{{- end -}}
+{{- toYaml (dict "pools" $pools) -}}
+{{- end -}}
+
+{{/*
+The model downloads: one per (model, revision), whatever number of pools use it. Pools that share
+a model and revision must agree on the source. Returns YAML {fetches: [{model, revision, source,
+dir, imageRef}]}; preloaded models need no download and are left out.
+*/}}
+{{- define "llmserve.fetches" -}}
+{{- $byKey := dict -}}
+{{- $order := list -}}
+{{- range (include "llmserve.pools" . | fromYaml).pools -}}
+{{- $key := printf "%s/%s" .model .revision -}}
+{{- if hasKey $byKey $key -}}
+{{- if ne (toJson (get $byKey $key).source) (toJson .source) -}}
+{{- fail (printf "pool %q: model %s is also used by another pool with a different source" .name $key) -}}
+{{- end -}}
+{{- else -}}
+{{- $_ := set $byKey $key (dict "model" .model "revision" .revision "source" .source "dir" .modelDir "imageRef" .imageRef) -}}
+{{- $order = append $order $key -}}
+{{- end -}}
+{{- end -}}
+{{- $fetches := list -}}
+{{- range $order -}}
+{{- $f := get $byKey . -}}
+{{- if not $f.source.preloaded -}}
+{{- $fetches = append $fetches $f -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "fetches" $fetches) -}}
+{{- end -}}

@@ -1,0 +1,47 @@
+{{/*
+GATEWAY_* settings the chart manages; gateway.env may not set these (a second value for the same
+setting would silently win or lose depending on order).
+*/}}
+{{- define "llmserve.gateway.managedEnv" -}}
+GATEWAY_HOST GATEWAY_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_API_KEYS_FILE
+{{- end -}}
+
+{{- define "llmserve.gateway.env" -}}
+{{- $g := .Values.gateway -}}
+- name: GATEWAY_HOST
+  value: "0.0.0.0"
+- name: GATEWAY_PORT
+  value: {{ $g.port | int | toString | quote }}
+- name: GATEWAY_DISCOVERY
+  value: {{ $g.discovery | quote }}
+{{- if eq $g.discovery "kubernetes" }}
+- name: GATEWAY_K8S_NAMESPACE
+  value: {{ .Release.Namespace | quote }}
+- name: GATEWAY_K8S_SERVICE
+  value: {{ include "llmserve.workers.serviceName" . | quote }}
+- name: GATEWAY_K8S_PORT
+  value: {{ .Values.workerDefaults.port | int | toString | quote }}
+{{- else if eq $g.discovery "dns" }}
+- name: GATEWAY_DNS_NAME
+  value: {{ printf "%s.%s.svc.%s" (include "llmserve.workers.serviceName" .) .Release.Namespace .Values.clusterDomain | quote }}
+- name: GATEWAY_DNS_PORT
+  value: {{ .Values.workerDefaults.port | int | toString | quote }}
+{{- else }}
+- name: GATEWAY_BACKENDS
+  value: {{ toJson $g.backends | quote }}
+{{- end }}
+- name: GATEWAY_DRAIN_TIMEOUT_S
+  value: {{ $g.drainTimeoutSeconds | int | toString | quote }}
+{{- if $g.apiKeys.enabled }}
+- name: GATEWAY_API_KEYS_FILE
+  value: {{ printf "/etc/llmserve/api-keys/%s" $g.apiKeys.secretKey | quote }}
+{{- end }}
+{{- $managed := splitList " " (include "llmserve.gateway.managedEnv" .) }}
+{{- range $name, $value := $g.env }}
+{{- if has $name $managed }}
+{{- fail (printf "gateway.env.%s is managed by the chart; set it through the gateway.* values" $name) }}
+{{- end }}
+- name: {{ $name }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end -}}
