@@ -1,0 +1,160 @@
+"""Fixtures for the chart tests: the loaded chart, and renders of every preset and of a values
+matrix that turns on every optional part at least once. Renders are cached per session: the
+invariant tests read the same releases many times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import helm_python
+import pytest
+
+from tests.deploy.manifests import CHART, PRESETS, Release, load_values, render
+
+S3 = {"s3": "s3://models/demo-model/main"}
+
+
+def _pool(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "model": "demo-model", "revision": "main", "source": S3, **extra}
+
+
+# Each case: values on top of the chart defaults. Together they switch on every template branch.
+MATRIX: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "gpu-tp2-dp3": {"models": [_pool("tp2", tensorParallelSize=2, replicas=3)]},
+    "gpu-pp4-over-2-nodes": {
+        "models": [
+            _pool("pp4", tensorParallelSize=2, pipelineParallelSize=4, multiNode={"nodes": 2})
+        ]
+    },
+    "gpu-pp3-over-3-nodes-dp2": {
+        "models": [
+            _pool(
+                "pp3",
+                tensorParallelSize=4,
+                pipelineParallelSize=3,
+                multiNode={"nodes": 3, "masterPort": 30000, "startupPolicy": "LeaderReady"},
+                replicas=2,
+            )
+        ]
+    },
+    "cpu-single-and-pp2": {
+        "models": [
+            _pool("cpu1", device="cpu", source={"bootstrapDemo": True}, model="SmolLM2"),
+            _pool(
+                "cpu-pp",
+                device="cpu",
+                source={"bootstrapDemo": True},
+                model="SmolLM2",
+                pipelineParallelSize=2,
+                multiNode={"nodes": 2},
+                servedModelName="smol-pp",
+                cpuKvcacheSpaceGib=2,
+            ),
+        ]
+    },
+    "three-pools-shared-and-preloaded": {
+        "models": [
+            _pool("a", tensorParallelSize=4, extraArgs=["--enforce-eager", "--seed", "7"]),
+            _pool("b", tensorParallelSize=2, servedModelName="demo-b", maxModelLen=4096),
+            _pool("c", model="other", revision="v2", source={"preloaded": True}),
+        ]
+    },
+    "dns-discovery-api-keys-ingress-hpa": {
+        "gateway": {
+            "discovery": "dns",
+            "apiKeys": {"enabled": True, "sha256": ["a" * 64, "B" * 64]},
+            "ingress": {"enabled": True, "className": "nginx", "tls": [{"hosts": ["llm.example"], "secretName": "tls"}]},
+            "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
+            "env": {"GATEWAY_RETRIES": "2", "GATEWAY_TIMEOUTS__FIRST_BYTE_S": 300},
+        },
+        "models": [_pool("tp1")],
+    },
+    "static-discovery-existing-key-secret": {
+        "gateway": {
+            "discovery": "static",
+            "backends": ["http://10.0.0.7:8000", "http://10.0.0.8:8000"],
+            "apiKeys": {"enabled": True, "existingSecret": "my-keys", "secretKey": "digests"},
+            "serviceAccount": {"create": False},
+            "podDisruptionBudget": {"enabled": False},
+        },
+    },
+    "minio-with-its-credentials": {
+        "minio": {"enabled": True},
+        "models": [_pool("tp1", tensorParallelSize=1)],
+    },
+    "s3-credentials-from-values-existing-claim": {
+        "modelStorage": {
+            "existingClaim": "shared-models",
+            "s3": {
+                "endpointUrl": "https://s3.internal:9000",
+                "accessKeyId": "AKIAEXAMPLE",
+                "secretAccessKey": "not-a-real-secret",
+            },
+            "modelFetch": {"serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}}},
+        },
+        "models": [_pool("tp1")],
+    },
+    "pinned-images-pull-secrets-overrides": {
+        "image": {
+            "registry": "registry.internal:5000",
+            "pullPolicy": "Always",
+            "workerGpu": {"repository": "llmserve/worker-gpu", "digest": "sha256:" + "0" * 64},
+        },
+        "imagePullSecrets": [{"name": "regcred"}],
+        "workerDefaults": {
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "worker"}}}}
+            ]}},
+            "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+            "priorityClassName": "inference",
+        },
+        "models": [
+            _pool("tp8", tensorParallelSize=8, podDisruptionBudget={"enabled": False},
+                  terminationGracePeriodSeconds=120, gpuResourceName="amd.com/gpu"),
+            _pool("custom", image={"repository": "me/custom-worker", "tag": "dev"}),
+        ],
+        "metrics": {
+            "labels": {"release": "kube-prometheus-stack"},
+            "serviceMonitor": {"enabled": True},
+            "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+            "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
+        },
+    },
+}
+
+PRESET_CASES = {p.name: load_values(p) for p in PRESETS}
+ALL_CASES = {**{f"preset:{k}": v for k, v in PRESET_CASES.items()}, **MATRIX}
+
+
+@pytest.fixture(scope="session")
+def loaded_chart() -> Iterator[helm_python.Chart]:
+    with helm_python.Chart.load(CHART) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def render_case(loaded_chart: helm_python.Chart) -> Any:
+    cache: dict[str, Release] = {}
+
+    def get(case: str) -> Release:
+        if case not in cache:
+            cache[case] = render(ALL_CASES[case], loaded=loaded_chart)
+        return cache[case]
+
+    return get
+
+
+@pytest.fixture(params=sorted(ALL_CASES))
+def release(request: pytest.FixtureRequest, render_case: Any) -> Release:
+    """Every preset and every matrix case, rendered."""
+    return render_case(request.param)
+
+
+@pytest.fixture(params=sorted(PRESET_CASES))
+def preset(request: pytest.FixtureRequest, render_case: Any) -> Release:
+    return render_case(f"preset:{request.param}")
