@@ -1,0 +1,334 @@
+"""Invariants every rendered release must hold, checked on every preset and values case:
+GPUs per pod, preStop versus grace period, no storage credentials in workers, least-privilege
+RBAC, pod security and resources, and the wiring between Services, selectors and ports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.deploy.manifests import NAMESPACE, Manifest, Pod, Release, env_of, selector_matches
+
+pytestmark = pytest.mark.helm
+
+GATEWAY_SA = "llm-llmserve-gateway"
+WORKERS_SERVICE = "llm-llmserve-workers"
+
+
+def pools_by_name(release: Release) -> dict[str, dict[str, Any]]:
+    defaults = {"tensorParallelSize": 1, "pipelineParallelSize": 1, "replicas": 1, "device": "gpu"}
+    return {p["name"]: {**defaults, **p} for p in release.values.get("models", [])}
+
+
+def pool_of(pod: Pod, release: Release) -> dict[str, Any]:
+    return pools_by_name(release)[pod.metadata["labels"]["llmserve.io/pool"]]
+
+
+# --- parallel layout --------------------------------------------------------------------------
+
+
+def test_gpus_per_pod_are_tp_times_pp_over_the_pods_of_a_group(release: Release) -> None:
+    for pod in release.worker_pods():
+        pool = pool_of(pod, release)
+        tp, pp = pool["tensorParallelSize"], pool["pipelineParallelSize"]
+        nodes = pool.get("multiNode", {}).get("nodes", 1)
+        gpu_name = pool.get("gpuResourceName", "nvidia.com/gpu")
+        resources = pod.container("worker")["resources"]
+        if pool["device"] == "cpu":
+            assert not any("gpu" in k for k in {**resources["requests"], **resources["limits"]})
+            continue
+        # Extended resources: request == limit, and the whole group holds TP x PP GPUs.
+        assert resources["requests"][gpu_name] == resources["limits"][gpu_name], pod.name
+        assert resources["requests"][gpu_name] * nodes == tp * pp, pod.name
+        for c in pod.containers():
+            if c["name"] != "worker":
+                assert gpu_name not in c["resources"].get("limits", {}), f"{pod.name} {c['name']}"
+
+
+def test_single_node_pools_are_deployments_multi_node_pools_are_lws_groups(
+    release: Release,
+) -> None:
+    for name, pool in pools_by_name(release).items():
+        owner = f"llm-llmserve-{name}"
+        if "multiNode" in pool:
+            lws = release.one("LeaderWorkerSet", owner)
+            assert lws["spec"]["leaderWorkerTemplate"]["size"] == pool["multiNode"]["nodes"]
+            assert lws["spec"]["replicas"] == pool["replicas"]
+            assert not [d for d in release.of_kind("Deployment") if d["metadata"]["name"] == owner]
+        else:
+            assert release.one("Deployment", owner)["spec"]["replicas"] == pool["replicas"]
+
+
+def test_presets_hold_the_layouts_they_promise(render_case: Any) -> None:
+    tp = render_case("preset:values-tp.yaml")
+    (pod,) = tp.worker_pods()
+    assert pod.owner["kind"] == "Deployment" and pod.owner["spec"]["replicas"] == 2
+    assert pod.container("worker")["resources"]["limits"]["nvidia.com/gpu"] == 8
+
+    pp = render_case("preset:values-pp.yaml")
+    lws = pp.one("LeaderWorkerSet")
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    for pod in pp.worker_pods():
+        assert pod.container("worker")["resources"]["limits"]["nvidia.com/gpu"] == 8
+
+    both = render_case("preset:values-tp-vs-pp.yaml")
+    gpus = {p.role: p.container("worker")["resources"]["limits"]["nvidia.com/gpu"]
+            for p in both.worker_pods()}
+    assert gpus == {"single": 8, "leader": 4, "follower": 4}  # 8 GPUs per model copy either way
+
+    cpu = render_case("preset:values-cpu.yaml")
+    (pod,) = cpu.worker_pods()
+    assert env_of(pod.container("worker"))["WORKER_DEVICE"] == "cpu"
+    assert pod.container("worker")["image"].startswith("llmserve/worker-cpu:")
+
+
+# --- lifecycle --------------------------------------------------------------------------------
+
+
+def _prestop_sleep(container: Manifest) -> int:
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and len(command) == 2, command
+    return int(command[1])
+
+
+def test_grace_period_covers_prestop_plus_drain(release: Release) -> None:
+    for pod in release.pods():
+        if pod.role not in ("gateway", "single", "leader", "follower"):
+            continue
+        main = pod.containers(init=False)[0]
+        env = env_of(main)
+        drain = float(env.get("GATEWAY_DRAIN_TIMEOUT_S") or env["WORKER_DRAIN_TIMEOUT_S"])
+        grace = pod.spec["terminationGracePeriodSeconds"]
+        assert grace >= _prestop_sleep(main) + drain, pod.name
+
+
+def test_drain_settings_reach_the_processes(render_case: Any) -> None:
+    rel = render_case("pinned-images-pull-secrets-overrides")
+    tp8 = next(p for p in rel.worker_pods() if p.metadata["labels"]["llmserve.io/pool"] == "tp8")
+    assert tp8.spec["terminationGracePeriodSeconds"] == 120  # explicit, above 10 + 30
+    gateway = next(p for p in rel.pods() if p.role == "gateway")
+    assert env_of(gateway.container("gateway"))["GATEWAY_DRAIN_TIMEOUT_S"] == "30"
+    assert gateway.spec["terminationGracePeriodSeconds"] == 5 + 30 + 10
+
+
+def test_probes(release: Release) -> None:
+    for pod in release.pods():
+        if pod.role == "gateway":
+            c = pod.container("gateway")
+            assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+            assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+        elif pod.role in ("single", "leader"):
+            c = pod.container("worker")
+            pool = pool_of(pod, release)
+            startup = c["startupProbe"]
+            budget = startup["periodSeconds"] * startup["failureThreshold"]
+            wanted = pool.get("startupProbe", {"periodSeconds": 10, "failureThreshold": 180})
+            assert budget == wanted["periodSeconds"] * wanted["failureThreshold"] >= 600
+            assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+        elif pod.role == "follower":
+            # Headless: no API to probe. A dead rank exits and LWS recreates the group.
+            c = pod.container("worker")
+            assert not {"startupProbe", "readinessProbe", "livenessProbe", "ports"} & set(c)
+
+
+def test_workers_wait_for_the_model_and_get_shared_memory(release: Release) -> None:
+    for pod in release.worker_pods():
+        (init,) = pod.spec["initContainers"]
+        assert init["name"] == "wait-for-model"
+        assert init["command"][-1] == env_of(pod.container("worker"))["WORKER_MODEL_PATH"]
+        shm = next(v for v in pod.spec["volumes"] if v["name"] == "dshm")
+        assert shm["emptyDir"]["medium"] == "Memory"
+        mounts = {m["mountPath"]: m["name"] for m in pod.container("worker")["volumeMounts"]}
+        assert mounts["/dev/shm"] == "dshm"
+
+
+# --- storage credentials ----------------------------------------------------------------------
+
+CREDENTIAL_PREFIXES = ("AWS_", "MODEL_STORE_", "MINIO_")
+
+
+def _secret_refs(pod: Pod) -> set[str]:
+    refs: set[str] = set()
+    for c in pod.containers():
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                refs.add(ref["name"])
+        for src in c.get("envFrom", []):
+            if "secretRef" in src:
+                refs.add(src["secretRef"]["name"])
+    for v in pod.spec.get("volumes", []):
+        if "secret" in v:
+            refs.add(v["secret"]["secretName"])
+        for source in v.get("projected", {}).get("sources", []):
+            if "secret" in source:
+                refs.add(source["secret"]["name"])
+    return refs
+
+
+def test_workers_hold_no_storage_credentials(release: Release) -> None:
+    for pod in release.worker_pods():
+        assert pod.spec["automountServiceAccountToken"] is False, pod.name
+        assert _secret_refs(pod) == set(), pod.name
+        for c in pod.containers():
+            names = [e["name"] for e in c.get("env", [])]
+            assert not [n for n in names if n.startswith(CREDENTIAL_PREFIXES)], (pod.name, names)
+            assert "envFrom" not in c
+
+
+@pytest.mark.parametrize(
+    ("case", "secret"),
+    [
+        ("minio-with-its-credentials", "llm-llmserve-minio"),
+        ("s3-credentials-from-values-existing-claim", "llm-llmserve-s3"),
+        ("preset:values-tp.yaml", "llmserve-s3"),
+    ],
+)
+def test_only_the_model_fetch_job_reads_storage_credentials(
+    render_case: Any, case: str, secret: str
+) -> None:
+    rel = render_case(case)
+    readers = {p.role for p in rel.pods() if secret in _secret_refs(p)}
+    assert "fetch" in readers  # the control: the credentials do reach the puller
+    assert readers <= {"fetch", "minio"}
+    fetch = next(p for p in rel.pods() if p.role == "fetch")
+    env = {e["name"] for e in fetch.container("fetch")["env"]}
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= env
+
+
+# --- RBAC -------------------------------------------------------------------------------------
+
+
+def test_rbac_is_least_privilege(release: Release) -> None:
+    kinds = {m["kind"] for m in release.manifests}
+    assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
+    discovery = release.values.get("gateway", {}).get("discovery", "kubernetes")
+    roles = release.of_kind("Role")
+    if discovery != "kubernetes":
+        assert roles == [] and release.of_kind("RoleBinding") == []
+        return
+    (role,) = roles
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+         "verbs": ["get", "list", "watch"]}
+    ]
+    (binding,) = release.of_kind("RoleBinding")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": GATEWAY_SA,
+                                    "namespace": NAMESPACE}]
+    gateway = next(p for p in release.pods() if p.role == "gateway")
+    assert gateway.spec["serviceAccountName"] == GATEWAY_SA
+    env = env_of(gateway.container("gateway"))
+    # The gateway watches exactly what the Role allows: its own namespace, the worker Service.
+    assert env["GATEWAY_K8S_NAMESPACE"] == NAMESPACE
+    if release.values.get("models"):
+        assert env["GATEWAY_K8S_SERVICE"] == release.one("Service", WORKERS_SERVICE)["metadata"]["name"]
+
+
+def test_only_the_gateway_may_mount_an_api_token(release: Release) -> None:
+    discovery = release.values.get("gateway", {}).get("discovery", "kubernetes")
+    for pod in release.pods():
+        expected = pod.role == "gateway" and discovery == "kubernetes"
+        assert pod.spec.get("automountServiceAccountToken") is expected, pod.name
+
+
+# --- pod security and resources ---------------------------------------------------------------
+
+
+def test_pods_run_as_non_root_with_read_only_root_filesystems(release: Release) -> None:
+    for pod in release.pods():
+        ctx = pod.spec["securityContext"]
+        assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] > 0, pod.name
+        assert ctx["seccompProfile"]["type"] == "RuntimeDefault"
+        assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod.spec)
+        volumes = {v["name"] for v in pod.spec.get("volumes", [])}
+        assert not [v for v in pod.spec.get("volumes", []) if "hostPath" in v]
+        for c in pod.containers():
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, (pod.name, c["name"])
+            assert sc["readOnlyRootFilesystem"] is True, (pod.name, c["name"])
+            assert sc.get("privileged", False) is False
+            assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+            # A read-only root needs somewhere to write temporary files.
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            if c["name"] != "wait-for-model":
+                assert mounts.get("/tmp") in volumes, (pod.name, c["name"])
+
+
+def test_every_container_requests_cpu_and_memory_with_a_memory_limit(release: Release) -> None:
+    for pod in release.pods():
+        for c in pod.containers():
+            resources = c["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]), (pod.name, c["name"])
+            assert "memory" in resources["limits"], (pod.name, c["name"])
+
+
+# --- wiring -----------------------------------------------------------------------------------
+
+
+def _port_names(pod: Pod) -> set[str]:
+    return {p["name"] for c in pod.containers(init=False) for p in c.get("ports", [])}
+
+
+def test_services_select_the_pods_that_serve_their_ports(release: Release) -> None:
+    pods = list(release.pods())
+    for svc in release.of_kind("Service"):
+        selected = [p for p in pods if selector_matches(svc["spec"]["selector"], p.metadata["labels"])]
+        assert selected, f"Service {svc['metadata']['name']} selects no pod"
+        for pod in selected:
+            for port in svc["spec"]["ports"]:
+                assert port["targetPort"] in _port_names(pod), (svc["metadata"]["name"], pod.name)
+    if release.values.get("models"):
+        workers = release.one("Service", WORKERS_SERVICE)
+        assert workers["spec"]["clusterIP"] == "None"
+        roles = {p.role for p in pods if selector_matches(workers["spec"]["selector"], p.metadata["labels"])}
+        assert "follower" not in roles and roles <= {"single", "leader"}
+
+
+def test_disruption_budgets_and_monitors_select_real_pods(release: Release) -> None:
+    pods = list(release.pods())
+    for m in release.of_kind("PodDisruptionBudget") + release.of_kind("PodMonitor"):
+        selector = m["spec"]["selector"]["matchLabels"]
+        selected = [p for p in pods if selector_matches(selector, p.metadata["labels"])]
+        assert selected, f"{m['kind']} {m['metadata']['name']} selects nothing"
+        if m["kind"] == "PodMonitor":
+            assert {p.role for p in selected} <= {"single", "leader"}
+            for endpoint in m["spec"]["podMetricsEndpoints"]:
+                assert all(endpoint["port"] in _port_names(p) for p in selected)
+    for sm in release.of_kind("ServiceMonitor"):
+        services = [s for s in release.of_kind("Service")
+                    if selector_matches(sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        assert [s["metadata"]["name"] for s in services] == ["llm-llmserve-gateway"]
+        assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in services[0]["spec"]["ports"]}
+
+
+def test_api_keys_are_mounted_where_the_gateway_looks(render_case: Any) -> None:
+    for case, secret, key in [
+        ("dns-discovery-api-keys-ingress-hpa", "llm-llmserve-api-keys", "api-keys"),
+        ("static-discovery-existing-key-secret", "my-keys", "digests"),
+    ]:
+        rel = render_case(case)
+        gateway = next(p for p in rel.pods() if p.role == "gateway")
+        c = gateway.container("gateway")
+        volume = next(v for v in gateway.spec["volumes"] if v["name"] == "api-keys")
+        assert volume["secret"]["secretName"] == secret
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "api-keys")
+        assert mount["readOnly"] is True
+        assert env_of(c)["GATEWAY_API_KEYS_FILE"] == f"{mount['mountPath']}/{key}"
+    created = render_case("dns-discovery-api-keys-ingress-hpa").one("Secret", "llm-llmserve-api-keys")
+    assert created["stringData"]["api-keys"].split() == ["a" * 64, "b" * 64]
+
+
+def test_gateway_discovery_settings(render_case: Any) -> None:
+    dns = render_case("dns-discovery-api-keys-ingress-hpa")
+    env = env_of(next(p for p in dns.pods() if p.role == "gateway").container("gateway"))
+    assert env["GATEWAY_DNS_NAME"] == f"{WORKERS_SERVICE}.{NAMESPACE}.svc.cluster.local"
+    assert env["GATEWAY_RETRIES"] == "2" and env["GATEWAY_TIMEOUTS__FIRST_BYTE_S"] == "300"
+    assert "replicas" not in dns.one("Deployment", "llm-llmserve-gateway")["spec"]  # the HPA's
+    static = render_case("static-discovery-existing-key-secret")
+    env = env_of(next(p for p in static.pods() if p.role == "gateway").container("gateway"))
+    assert env["GATEWAY_BACKENDS"] == '["http://10.0.0.7:8000","http://10.0.0.8:8000"]'
