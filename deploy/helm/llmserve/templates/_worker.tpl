@@ -97,7 +97,7 @@ from model_store.marker import is_complete, marker_path
 model_dir, started = sys.argv[1], time.monotonic()
 while not is_complete(model_dir):
     print(f"waiting for {marker_path(model_dir)} ({time.monotonic() - started:.0f}s)", flush=True)
-    time.sleep(10)
+    time.sleep(5)
 print(f"model complete: {model_dir}", flush=True)
 {{- end -}}
 
