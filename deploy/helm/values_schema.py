@@ -1,0 +1,384 @@
+"""Generates llmserve/values.schema.json: `python deploy/helm/values_schema.py`.
+
+The schema is written here, in Python, because pool keys and workerDefaults share one set of
+definitions (`INFRA`) and JSON has no way to say so without $ref/allOf tricks that defeat
+additionalProperties. tests/deploy/test_values_schema.py fails when the JSON file is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+SCHEMA_PATH = Path(__file__).resolve().parent / "llmserve" / "values.schema.json"
+
+
+def obj(
+    props: dict[str, Any],
+    required: tuple[str, ...] | list[str] = (),
+    extra: bool = False,
+    **kw: Any,
+) -> dict[str, Any]:
+    d: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": extra}
+    if required:
+        d["required"] = list(required)
+    d.update(kw)
+    return d
+
+
+def s(**kw: Any) -> dict[str, Any]:
+    return {"type": "string", **kw}
+
+
+def i(minimum: int | None = None, **kw: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"type": "integer", **kw}
+    if minimum is not None:
+        d["minimum"] = minimum
+    return d
+
+
+B = {"type": "boolean"}
+MAP = {"type": "object"}
+STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
+LIST = {"type": "array"}
+QTY = {
+    "anyOf": [
+        {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$"},
+        {"type": "number", "minimum": 0},
+    ]
+}
+DURATION = s(pattern=r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+image = obj(
+    {"repository": s(minLength=1), "tag": s(), "digest": s(pattern=r"^(sha256:[a-f0-9]{64})?$")},
+    required=["repository"],
+)
+image_opt = obj({"repository": s(), "tag": s(), "digest": s(pattern=r"^(sha256:[a-f0-9]{64})?$")})
+resources = obj(
+    {
+        "requests": {"type": "object", "additionalProperties": QTY},
+        "limits": {"type": "object", "additionalProperties": QTY},
+        "claims": LIST,
+    }
+)
+pdb = obj(
+    {"enabled": B, "maxUnavailable": {"anyOf": [i(0), s(pattern=r"^[0-9]+%$")]}},
+    required=["enabled"],
+)
+env_list = {
+    "type": "array",
+    "items": {"type": "object", "required": ["name"], "properties": {"name": s(minLength=1)}},
+}
+# Workers get settings from the pool, and never storage credentials.
+worker_env = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {
+                "type": "string",
+                "minLength": 1,
+                "not": {"pattern": "^(WORKER_|AWS_|MODEL_STORE_)"},
+            }
+        },
+    },
+}
+seconds = i(0)
+# Keys a pool shares with workerDefaults (placement, resources, lifecycle).
+INFRA: dict[str, Any] = {
+    "image": image_opt,
+    "gpuResourceName": s(minLength=1),
+    "resources": resources,
+    "shmSize": QTY,
+    "cacheSize": QTY,
+    "startupProbe": obj(
+        {"periodSeconds": i(1), "failureThreshold": i(1)},
+        required=["periodSeconds", "failureThreshold"],
+    ),
+    "drainTimeoutSeconds": seconds,
+    "preStopSleepSeconds": seconds,
+    "terminationGracePeriodSeconds": {"type": ["integer", "null"], "minimum": 0},
+    "terminationMarginSeconds": seconds,
+    "env": worker_env,
+    "podDisruptionBudget": pdb,
+    "podAnnotations": STRMAP,
+    "podLabels": STRMAP,
+    "nodeSelector": STRMAP,
+    "tolerations": LIST,
+    "affinity": MAP,
+    "topologySpreadConstraints": LIST,
+    "priorityClassName": s(),
+}
+NAME = s(
+    pattern=r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$",
+    description="pool name: a DNS label of at most 24 characters",
+)
+PATHPART = s(
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="one path component (no '/', no '..')"
+)
+source = {
+    "type": "object",
+    "additionalProperties": False,
+    "minProperties": 1,
+    "maxProperties": 1,
+    "description": "exactly one of s3, bootstrapDemo, preloaded",
+    "properties": {
+        "s3": s(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,62}(/.*)?$"),
+        "bootstrapDemo": {"const": True},
+        "preloaded": {"const": True},
+    },
+}
+multinode = obj(
+    {
+        "nodes": i(2, description="pods per group; pipelineParallelSize must be a multiple of it"),
+        "masterPort": i(1, maximum=65535),
+        "restartPolicy": s(
+            enum=["RecreateGroupOnPodRestart", "None", "Default", "RecreateGroupAfterStart"]
+        ),
+        "startupPolicy": s(enum=["LeaderCreated", "LeaderReady"]),
+    },
+    required=["nodes"],
+)
+model_props = {
+    "name": NAME,
+    "model": PATHPART,
+    "revision": PATHPART,
+    "servedModelName": s(minLength=1),
+    "source": source,
+    "device": s(enum=["gpu", "cpu"]),
+    "tensorParallelSize": i(1),
+    "pipelineParallelSize": i(1),
+    "multiNode": multinode,
+    "replicas": i(0),
+    "dtype": s(enum=["auto", "float32", "float", "bfloat16", "float16", "half"]),
+    "maxModelLen": {"type": ["integer", "null"], "minimum": 1},
+    "gpuMemoryUtilization": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "cpuKvcacheSpaceGib": i(1),
+    "extraArgs": {"type": "array", "items": {"type": "string"}},
+    **INFRA,
+}
+model = obj(model_props, required=["name", "model", "source"])
+model["allOf"] = [
+    # Pipeline stages cross nodes: PP > 1 needs the multi-node settings.
+    {
+        "if": {
+            "properties": {"pipelineParallelSize": {"minimum": 2}},
+            "required": ["pipelineParallelSize"],
+        },
+        "then": {"required": ["multiNode"]},
+    },
+    # Half precision gives wrong answers on the CPU (see worker/settings.py).
+    {
+        "if": {"properties": {"device": {"const": "cpu"}}, "required": ["device"]},
+        "then": {"properties": {"dtype": {"enum": ["auto", "float32", "float"]}}},
+    },
+]
+secctx = MAP
+SCHEMA: dict[str, Any] = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "llmserve chart values",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "global": MAP,
+        "nameOverride": s(),
+        "fullnameOverride": s(maxLength=32),
+        "clusterDomain": s(minLength=1),
+        "image": obj(
+            {
+                "registry": s(),
+                "pullPolicy": s(enum=["Always", "IfNotPresent", "Never"]),
+                "platform": image,
+                "workerGpu": image,
+                "workerCpu": image,
+            },
+            required=["platform", "workerGpu", "workerCpu"],
+        ),
+        "imagePullSecrets": {
+            "type": "array",
+            "items": obj({"name": s(minLength=1)}, required=["name"]),
+        },
+        "podSecurityContext": secctx,
+        "containerSecurityContext": secctx,
+        "gateway": obj(
+            {
+                "replicas": i(1),
+                "port": i(1, maximum=65535),
+                "discovery": s(enum=["kubernetes", "dns", "static"]),
+                "backends": {"type": "array", "items": s(pattern="^https?://.+")},
+                "drainTimeoutSeconds": seconds,
+                "preStopSleepSeconds": seconds,
+                "terminationGracePeriodSeconds": {"type": ["integer", "null"], "minimum": 0},
+                "terminationMarginSeconds": seconds,
+                "env": {
+                    "type": "object",
+                    "propertyNames": {"pattern": "^GATEWAY_[A-Z0-9_]+$"},
+                    "additionalProperties": {"type": ["string", "number", "boolean"]},
+                },
+                "apiKeys": obj(
+                    {
+                        "enabled": B,
+                        "sha256": {"type": "array", "items": s(pattern="^[A-Fa-f0-9]{64}$")},
+                        "existingSecret": s(),
+                        "secretKey": s(pattern=r"^[-._a-zA-Z0-9]+$"),
+                    }
+                ),
+                "resources": resources,
+                "service": obj(
+                    {
+                        "type": s(enum=["ClusterIP", "NodePort", "LoadBalancer"]),
+                        "port": i(1, maximum=65535),
+                        "annotations": STRMAP,
+                    }
+                ),
+                "ingress": obj(
+                    {
+                        "enabled": B,
+                        "className": s(),
+                        "annotations": STRMAP,
+                        "hosts": {
+                            "type": "array",
+                            "items": obj(
+                                {
+                                    "host": s(),
+                                    "paths": {
+                                        "type": "array",
+                                        "items": obj(
+                                            {
+                                                "path": s(pattern="^/"),
+                                                "pathType": s(
+                                                    enum=[
+                                                        "Prefix",
+                                                        "Exact",
+                                                        "ImplementationSpecific",
+                                                    ]
+                                                ),
+                                            },
+                                            required=["path", "pathType"],
+                                        ),
+                                    },
+                                },
+                                required=["host", "paths"],
+                            ),
+                        },
+                        "tls": LIST,
+                    }
+                ),
+                "autoscaling": obj(
+                    {
+                        "enabled": B,
+                        "minReplicas": i(1),
+                        "maxReplicas": i(1),
+                        "targetCPUUtilizationPercentage": i(1, maximum=100),
+                    }
+                ),
+                "podDisruptionBudget": pdb,
+                "serviceAccount": obj({"create": B, "name": s(), "annotations": STRMAP}),
+                "podAnnotations": STRMAP,
+                "podLabels": STRMAP,
+                "nodeSelector": STRMAP,
+                "tolerations": LIST,
+                "affinity": MAP,
+                "topologySpreadConstraints": LIST,
+                "priorityClassName": s(),
+            },
+            allOf=[
+                {
+                    "if": {"properties": {"discovery": {"const": "static"}}},
+                    "then": {"properties": {"backends": {"minItems": 1}}, "required": ["backends"]},
+                },
+            ],
+        ),
+        "models": {"type": "array", "items": model},
+        "workerDefaults": obj({"port": i(1, maximum=65535), **INFRA}, required=["port"]),
+        "modelStorage": obj(
+            {
+                "existingClaim": s(),
+                "storageClass": s(),
+                "accessMode": s(enum=["ReadWriteMany", "ReadWriteOnce"]),
+                "size": QTY,
+                "keepOnUninstall": B,
+                "mountPath": s(pattern="^/[^:]*$"),
+                "s3": obj(
+                    {
+                        "endpointUrl": s(pattern="^(https?://.+)?$"),
+                        "region": s(),
+                        "existingSecret": s(),
+                        "accessKeyIdKey": s(minLength=1),
+                        "secretAccessKeyKey": s(minLength=1),
+                        "accessKeyId": s(),
+                        "secretAccessKey": s(),
+                    }
+                ),
+                "modelFetch": obj(
+                    {
+                        "backoffLimit": i(0),
+                        "activeDeadlineSeconds": i(1),
+                        "env": env_list,
+                        "resources": resources,
+                        "serviceAccount": obj({"annotations": STRMAP}),
+                        "nodeSelector": STRMAP,
+                        "tolerations": LIST,
+                        "affinity": MAP,
+                    }
+                ),
+            }
+        ),
+        "minio": obj(
+            {
+                "enabled": B,
+                "image": image,
+                "existingSecret": s(),
+                "rootUser": s(),
+                "rootPassword": {"type": "string", "anyOf": [{"maxLength": 0}, {"minLength": 8}]},
+                "storageClass": s(),
+                "size": QTY,
+                "resources": resources,
+                "nodeSelector": STRMAP,
+                "tolerations": LIST,
+                "affinity": MAP,
+            }
+        ),
+        "networkPolicy": obj({"enabled": B, "metricsFrom": LIST, "gatewayFrom": LIST}),
+        "metrics": obj(
+            {
+                "labels": STRMAP,
+                "interval": DURATION,
+                "serviceMonitor": obj({"enabled": B}),
+                "podMonitor": obj({"enabled": B}),
+                "prometheusRule": obj(
+                    {
+                        "enabled": B,
+                        "window": DURATION,
+                        "for": DURATION,
+                        "ttftP95Seconds": {"type": "number", "exclusiveMinimum": 0},
+                        "errorRate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                        "engineQueueDepth": i(1),
+                        "gatewayQueueDepth": i(1),
+                        "severity": s(enum=["info", "warning", "critical"]),
+                    }
+                ),
+                "grafanaDashboard": obj(
+                    {
+                        "enabled": B,
+                        "label": s(minLength=1),
+                        "labelValue": s(),
+                        "namespace": s(),
+                        "annotations": STRMAP,
+                    }
+                ),
+            }
+        ),
+    },
+}
+
+
+def render() -> str:
+    return json.dumps(SCHEMA, indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    SCHEMA_PATH.write_text(render(), encoding="utf-8")
+    sys.exit(0)
