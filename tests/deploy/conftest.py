@@ -66,7 +66,11 @@ MATRIX: dict[str, dict[str, Any]] = {
         "gateway": {
             "discovery": "dns",
             "apiKeys": {"enabled": True, "sha256": ["a" * 64, "B" * 64]},
-            "ingress": {"enabled": True, "className": "nginx", "tls": [{"hosts": ["llm.example"], "secretName": "tls"}]},
+            "ingress": {
+                "enabled": True,
+                "className": "nginx",
+                "tls": [{"hosts": ["llm.example"], "secretName": "tls"}],
+            },
             "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
             "env": {"GATEWAY_RETRIES": "2", "GATEWAY_TIMEOUTS__FIRST_BYTE_S": 300},
         },
@@ -93,7 +97,11 @@ MATRIX: dict[str, dict[str, Any]] = {
                 "accessKeyId": "AKIAEXAMPLE",
                 "secretAccessKey": "not-a-real-secret",
             },
-            "modelFetch": {"serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}}},
+            "modelFetch": {
+                "serviceAccount": {
+                    "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}
+                }
+            },
         },
         "models": [_pool("tp1")],
     },
@@ -106,15 +114,32 @@ MATRIX: dict[str, dict[str, Any]] = {
         "imagePullSecrets": [{"name": "regcred"}],
         "workerDefaults": {
             "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "worker"}}}}
-            ]}},
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 1,
+                            "podAffinityTerm": {
+                                "topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {
+                                    "matchLabels": {"app.kubernetes.io/component": "worker"}
+                                },
+                            },
+                        }
+                    ]
+                }
+            },
             "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
             "priorityClassName": "inference",
         },
         "models": [
-            _pool("tp8", tensorParallelSize=8, podDisruptionBudget={"enabled": False},
-                  terminationGracePeriodSeconds=120, gpuResourceName="amd.com/gpu"),
+            _pool(
+                "tp8",
+                tensorParallelSize=8,
+                podDisruptionBudget={"enabled": False},
+                terminationGracePeriodSeconds=120,
+                gpuResourceName="amd.com/gpu",
+            ),
             _pool("custom", image={"repository": "me/custom-worker", "tag": "dev"}),
         ],
         "metrics": {

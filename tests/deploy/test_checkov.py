@@ -45,17 +45,24 @@ def scannable(manifests: list[Manifest]) -> list[Manifest]:
         if m["kind"] == "LeaderWorkerSet":
             lwt = m["spec"]["leaderWorkerTemplate"]
             for role, key in (("leader", "leaderTemplate"), ("follower", "workerTemplate")):
-                meta = {**lwt[key]["metadata"], "name": f"{m['metadata']['name']}-{role}",
-                        "namespace": m["metadata"]["namespace"]}
-                out.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-                            "spec": lwt[key]["spec"]})
+                meta = {
+                    **lwt[key]["metadata"],
+                    "name": f"{m['metadata']['name']}-{role}",
+                    "namespace": m["metadata"]["namespace"],
+                }
+                out.append(
+                    {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": lwt[key]["spec"]}
+                )
     return out
 
 
 def run_checkov(args: list[str]) -> list[dict[str, Any]]:
     done = subprocess.run(
         [checkov(), *args, "--output", "json", "--quiet", "--compact", "--skip-download"],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
         env={**os.environ, "BC_SKIP_MAPPING": "TRUE", "CHECKOV_RUN_SCA_PACKAGE_SCAN_V2": "false"},
     )
     # Exit 1 means "findings"; anything else is checkov itself failing.
@@ -77,7 +84,9 @@ def findings(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str, s
     for case, values in ALL_CASES.items():
         docs = scannable(render(values).manifests)
         name = re.sub(r"[^a-z0-9-]+", "-", case.lower())
-        (out / f"{name}.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
+        (out / f"{name}.yaml").write_text(
+            yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8"
+        )
     rows = []
     for f in run_checkov(["--directory", str(out), "--framework", "kubernetes"]):
         rows.append((f["check_id"], f["resource"], Path(f["file_path"]).stem))

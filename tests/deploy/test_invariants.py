@@ -73,8 +73,10 @@ def test_presets_hold_the_layouts_they_promise(render_case: Any) -> None:
         assert pod.container("worker")["resources"]["limits"]["nvidia.com/gpu"] == 8
 
     both = render_case("preset:values-tp-vs-pp.yaml")
-    gpus = {p.role: p.container("worker")["resources"]["limits"]["nvidia.com/gpu"]
-            for p in both.worker_pods()}
+    gpus = {
+        p.role: p.container("worker")["resources"]["limits"]["nvidia.com/gpu"]
+        for p in both.worker_pods()
+    }
     assert gpus == {"single": 8, "leader": 4, "follower": 4}  # 8 GPUs per model copy either way
 
     cpu = render_case("preset:values-cpu.yaml")
@@ -211,22 +213,32 @@ def test_rbac_is_least_privilege(release: Release) -> None:
     (role,) = roles
     assert role["metadata"]["namespace"] == NAMESPACE
     assert role["rules"] == [
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-         "verbs": ["get", "list", "watch"]}
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
     ]
     (binding,) = release.of_kind("RoleBinding")
     assert binding["metadata"]["namespace"] == NAMESPACE
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": GATEWAY_SA,
-                                    "namespace": NAMESPACE}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": GATEWAY_SA, "namespace": NAMESPACE}
+    ]
     gateway = next(p for p in release.pods() if p.role == "gateway")
     assert gateway.spec["serviceAccountName"] == GATEWAY_SA
     env = env_of(gateway.container("gateway"))
     # The gateway watches exactly what the Role allows: its own namespace, the worker Service.
     assert env["GATEWAY_K8S_NAMESPACE"] == NAMESPACE
     if release.values.get("models"):
-        assert env["GATEWAY_K8S_SERVICE"] == release.one("Service", WORKERS_SERVICE)["metadata"]["name"]
+        assert (
+            env["GATEWAY_K8S_SERVICE"]
+            == release.one("Service", WORKERS_SERVICE)["metadata"]["name"]
+        )
 
 
 def test_only_the_gateway_may_mount_an_api_token(release: Release) -> None:
@@ -277,7 +289,9 @@ def _port_names(pod: Pod) -> set[str]:
 def test_services_select_the_pods_that_serve_their_ports(release: Release) -> None:
     pods = list(release.pods())
     for svc in release.of_kind("Service"):
-        selected = [p for p in pods if selector_matches(svc["spec"]["selector"], p.metadata["labels"])]
+        selected = [
+            p for p in pods if selector_matches(svc["spec"]["selector"], p.metadata["labels"])
+        ]
         assert selected, f"Service {svc['metadata']['name']} selects no pod"
         for pod in selected:
             for port in svc["spec"]["ports"]:
@@ -285,7 +299,11 @@ def test_services_select_the_pods_that_serve_their_ports(release: Release) -> No
     if release.values.get("models"):
         workers = release.one("Service", WORKERS_SERVICE)
         assert workers["spec"]["clusterIP"] == "None"
-        roles = {p.role for p in pods if selector_matches(workers["spec"]["selector"], p.metadata["labels"])}
+        roles = {
+            p.role
+            for p in pods
+            if selector_matches(workers["spec"]["selector"], p.metadata["labels"])
+        }
         assert "follower" not in roles and roles <= {"single", "leader"}
 
 
@@ -300,10 +318,15 @@ def test_disruption_budgets_and_monitors_select_real_pods(release: Release) -> N
             for endpoint in m["spec"]["podMetricsEndpoints"]:
                 assert all(endpoint["port"] in _port_names(p) for p in selected)
     for sm in release.of_kind("ServiceMonitor"):
-        services = [s for s in release.of_kind("Service")
-                    if selector_matches(sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        services = [
+            s
+            for s in release.of_kind("Service")
+            if selector_matches(sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+        ]
         assert [s["metadata"]["name"] for s in services] == ["llm-llmserve-gateway"]
-        assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in services[0]["spec"]["ports"]}
+        assert {e["port"] for e in sm["spec"]["endpoints"]} <= {
+            p["name"] for p in services[0]["spec"]["ports"]
+        }
 
 
 def test_api_keys_are_mounted_where_the_gateway_looks(render_case: Any) -> None:
@@ -319,7 +342,9 @@ def test_api_keys_are_mounted_where_the_gateway_looks(render_case: Any) -> None:
         mount = next(m for m in c["volumeMounts"] if m["name"] == "api-keys")
         assert mount["readOnly"] is True
         assert env_of(c)["GATEWAY_API_KEYS_FILE"] == f"{mount['mountPath']}/{key}"
-    created = render_case("dns-discovery-api-keys-ingress-hpa").one("Secret", "llm-llmserve-api-keys")
+    created = render_case("dns-discovery-api-keys-ingress-hpa").one(
+        "Secret", "llm-llmserve-api-keys"
+    )
     assert created["stringData"]["api-keys"].split() == ["a" * 64, "b" * 64]
 
 

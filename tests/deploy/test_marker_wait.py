@@ -31,7 +31,10 @@ def test_init_container_waits_for_a_valid_marker(render_case: Any, tmp_path: Pat
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, *command[1:-1], str(model_dir)],
-        stdout=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
     )
     try:
         assert proc.stdout is not None

@@ -41,9 +41,10 @@ def test_every_manifest_is_well_formed(release: Release) -> None:
         if m["kind"] not in CLUSTER_SCOPED:
             expected = NAMESPACE
             if m["kind"] == "ConfigMap" and "grafana_dashboard" in meta["labels"]:
-                expected = release.values.get("metrics", {}).get("grafanaDashboard", {}).get(
-                    "namespace"
-                ) or NAMESPACE
+                expected = (
+                    release.values.get("metrics", {}).get("grafanaDashboard", {}).get("namespace")
+                    or NAMESPACE
+                )
             assert meta.get("namespace") == expected, f"{m['kind']}/{name} namespace"
         key = (m["kind"], meta.get("namespace", ""), name)
         assert key not in seen, f"duplicate {key}"
@@ -70,7 +71,7 @@ def test_notes_say_how_to_call_the_gateway(preset: Release) -> None:
 def test_notes_show_ingress_host_and_api_key_header(render_case: Any) -> None:
     notes = render_case("dns-discovery-api-keys-ingress-hpa").notes
     assert "export LLMSERVE_URL=https://llmserve.local" in notes
-    assert 'Authorization: Bearer $LLMSERVE_API_KEY' in notes
+    assert "Authorization: Bearer $LLMSERVE_API_KEY" in notes
 
 
 def test_pools_of_one_model_share_one_download(render_case: Any) -> None:
@@ -159,7 +160,10 @@ SCHEMA_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
     "gpu memory above 1": (_models(_pool(gpuMemoryUtilization=1.5)), "gpuMemoryUtilization"),
     "unknown discovery": ({"gateway": {"discovery": "consul"}}, "/gateway/discovery"),
     "static without backends": ({"gateway": {"discovery": "static"}}, "backends"),
-    "gateway env not GATEWAY_": ({"gateway": {"env": {"retries": "2"}}}, "invalid propertyName 'retries'"),
+    "gateway env not GATEWAY_": (
+        {"gateway": {"env": {"retries": "2"}}},
+        "invalid propertyName 'retries'",
+    ),
     "api key not a digest": (
         {"gateway": {"apiKeys": {"enabled": True, "sha256": ["sk-plaintext"]}}},
         "/gateway/apiKeys/sha256/0",

@@ -83,7 +83,9 @@ def test_crd_conversion_rejects_an_unknown_field() -> None:
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
         "metadata": {"name": "x"},
-        "spec": {"leaderWorkerTemplate": {"size": 2, "workerTemplate": {"spec": {"containers": []}}}},
+        "spec": {
+            "leaderWorkerTemplate": {"size": 2, "workerTemplate": {"spec": {"containers": []}}}
+        },
     }
     validator = crd_validators()[("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")]
     validator.validate(lws)
@@ -100,8 +102,10 @@ def test_builtin_kinds_match_the_kubernetes_schemas(release: Release, kube_versi
         try:
             kubernetes_validate.validate(m, kube_version, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{m['kind']}/{m['metadata']['name']} @ {kube_version}: {exc.message} "
-                        f"at {list(exc.absolute_path)}")
+            pytest.fail(
+                f"{m['kind']}/{m['metadata']['name']} @ {kube_version}: {exc.message} "
+                f"at {list(exc.absolute_path)}"
+            )
 
 
 def test_custom_resources_match_their_crds(release: Release) -> None:

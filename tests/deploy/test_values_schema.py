@@ -12,7 +12,9 @@ pytestmark = pytest.mark.helm
 
 
 def test_values_schema_json_is_up_to_date() -> None:
-    spec = importlib.util.spec_from_file_location("values_schema", REPO / "deploy/helm/values_schema.py")
+    spec = importlib.util.spec_from_file_location(
+        "values_schema", REPO / "deploy/helm/values_schema.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -36,11 +36,14 @@ def lws_pods(pod: Pod) -> Iterator[tuple[int, dict[str, str]]]:
     size = pod.owner["spec"]["leaderWorkerTemplate"]["size"]
     ranks = [0] if pod.role == "leader" else list(range(1, size))
     for rank in ranks:
-        yield rank, {
-            "LWS_LEADER_ADDRESS": f"{lws}-0.{lws}.{NAMESPACE}",
-            "LWS_WORKER_INDEX": str(rank),
-            "LWS_GROUP_SIZE": str(size),
-        }
+        yield (
+            rank,
+            {
+                "LWS_LEADER_ADDRESS": f"{lws}-0.{lws}.{NAMESPACE}",
+                "LWS_WORKER_INDEX": str(rank),
+                "LWS_GROUP_SIZE": str(size),
+            },
+        )
 
 
 def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> WorkerSettings:
@@ -97,8 +100,14 @@ def test_rendered_worker_env_gives_the_intended_vllm_command(
             got = flags(command.argv)
             want = intended(pool, release)
             model = want.pop("model")
-            assert command.argv[command.argv.index("serve") + 1 if "serve" in command.argv
-                                else command.argv.index("--model") + 1] == model
+            assert (
+                command.argv[
+                    command.argv.index("serve") + 1
+                    if "serve" in command.argv
+                    else command.argv.index("--model") + 1
+                ]
+                == model
+            )
             for flag, value in want.items():
                 assert got.get(flag) == value, (pod.name, rank, flag, got.get(flag))
             if pool.get("pipelineParallelSize", 1) > 1:
@@ -118,27 +127,33 @@ def test_rendered_worker_env_gives_the_intended_vllm_command(
             else:
                 assert got["--headless"] is True and "--port" not in got
             extra = pool.get("extraArgs", [])
-            assert list(command.argv[len(command.argv) - len(extra):]) == extra
+            assert list(command.argv[len(command.argv) - len(extra) :]) == extra
             # The GPUs the chart requests are exactly the engine ranks the worker starts here.
             limits = container["resources"]["limits"]
             gpus = sum(v for k, v in limits.items() if k.endswith("/gpu"))
             assert gpus == (settings.local_ranks if settings.device == "gpu" else 0), pod.name
             if settings.device == "cpu":
-                assert command.env["VLLM_CPU_KVCACHE_SPACE"] == str(pool.get("cpuKvcacheSpaceGib", 1))
+                assert command.env["VLLM_CPU_KVCACHE_SPACE"] == str(
+                    pool.get("cpuKvcacheSpaceGib", 1)
+                )
 
 
 def test_worker_cli_prints_the_same_command_for_a_rendered_follower(render_case: Any) -> None:
     """Through the real entry point (`python -m worker argv`), as a pod would run it."""
     rel = render_case("preset:values-pp.yaml")
     follower = next(p for p in rel.worker_pods() if p.role == "follower")
-    (rank, lws_env), = lws_pods(follower)
+    ((_rank, lws_env),) = lws_pods(follower)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "LWS_"))}
     env.update(env_of(follower.container("worker")))
     env.update(lws_env)
     env["PYTHONPATH"] = str(REPO)
     done = subprocess.run(
-        [sys.executable, "-m", "worker", "argv"], env=env, capture_output=True, text=True,
-        timeout=120, check=False,
+        [sys.executable, "-m", "worker", "argv"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
