@@ -357,3 +357,56 @@ def test_gateway_discovery_settings(render_case: Any) -> None:
     static = render_case("static-discovery-existing-key-secret")
     env = env_of(next(p for p in static.pods() if p.role == "gateway").container("gateway"))
     assert env["GATEWAY_BACKENDS"] == '["http://10.0.0.7:8000","http://10.0.0.8:8000"]'
+
+
+# --- network policies -------------------------------------------------------------------------
+
+
+def _policies_for(pod: Pod, release: Release) -> list[Manifest]:
+    return [
+        np
+        for np in release.of_kind("NetworkPolicy")
+        if selector_matches(
+            np["spec"]["podSelector"].get("matchLabels", {}), pod.metadata["labels"]
+        )
+    ]
+
+
+def test_every_pod_is_covered_by_a_network_policy(release: Release) -> None:
+    for pod in release.pods():
+        policies = _policies_for(pod, release)
+        assert policies and all(p["spec"]["policyTypes"] == ["Ingress"] for p in policies), pod.name
+
+
+def test_workers_accept_traffic_only_from_gateway_pool_and_scrapers(release: Release) -> None:
+    gateway = {
+        "app.kubernetes.io/name": "llmserve",
+        "app.kubernetes.io/instance": "llm",
+        "app.kubernetes.io/component": "gateway",
+    }
+    scrapers = release.values.get("networkPolicy", {}).get("metricsFrom") or [
+        {
+            "namespaceSelector": {},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }
+    ]
+    for pod in release.worker_pods():
+        (policy,) = _policies_for(pod, release)
+        rules = policy["spec"]["ingress"]
+        api, *pool_rules = rules
+        assert api["ports"] == [{"port": "http", "protocol": "TCP"}]
+        assert api["from"] == [{"podSelector": {"matchLabels": gateway}}, *scrapers]
+        pool = pod.metadata["labels"]["llmserve.io/pool"]
+        if pod.role == "single":
+            assert pool_rules == []
+        else:
+            # All ports, but only between the pods of the same pool.
+            (peers,) = pool_rules
+            assert "ports" not in peers
+            (peer,) = peers["from"]
+            assert peer["podSelector"]["matchLabels"]["llmserve.io/pool"] == pool
+            assert "namespaceSelector" not in peer
+    for pod in release.pods():
+        if pod.role == "fetch":
+            (policy,) = _policies_for(pod, release)
+            assert "ingress" not in policy["spec"]  # nothing may connect to the puller
