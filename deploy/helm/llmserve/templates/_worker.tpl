@@ -75,6 +75,8 @@ llmserve.io/serving: "true"
   value: /cache/huggingface
 - name: TRITON_CACHE_DIR
   value: /cache/triton
+- name: TORCHINDUCTOR_CACHE_DIR
+  value: /cache/inductor
 - name: TMPDIR
   value: /tmp
 {{- /* Belt and braces for "workers never download": the hub clients may not go online. */}}
