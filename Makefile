@@ -37,9 +37,9 @@ model: install
 test: install model checkov-venv promtool
 	LLMSERVE_MODEL_DIR=$(abspath $(MODEL_DIR)) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The fast tier: no engines, under a minute.
+# The fast tier: no engines and no chart rendering (`make chart-test` has those), under a minute.
 test-fast: install
-	$(BIN)/python -m pytest -m "not engine" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine and not helm" $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check gateway worker model_store devstack tests bench
