@@ -50,6 +50,20 @@ QTY = {
     ]
 }
 DURATION = s(pattern=r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+PRIORITY = s(enum=["high", "normal", "low"])
+api_key = obj(
+    {
+        "tenant": s(minLength=1, maxLength=64, pattern=r"^[A-Za-z0-9_.:-]+$"),
+        # Only the digest of a key ever enters the values (and the cluster).
+        "sha256": s(pattern="^[A-Fa-f0-9]{64}$"),
+        "rpm": {"type": "number", "exclusiveMinimum": 0},
+        "tpm": {"type": "number", "exclusiveMinimum": 0},
+        "priority": PRIORITY,
+        "max_priority": PRIORITY,
+        "weight": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000},
+    },
+    required=["tenant", "sha256"],
+)
 image = obj(
     {"repository": s(minLength=1), "tag": s(), "digest": s(pattern=r"^(sha256:[a-f0-9]{64})?$")},
     required=["repository"],
@@ -220,7 +234,8 @@ SCHEMA: dict[str, Any] = {
                 "apiKeys": obj(
                     {
                         "enabled": B,
-                        "sha256": {"type": "array", "items": s(pattern="^[A-Fa-f0-9]{64}$")},
+                        # The gateway's keys-file entries (gateway/flow/keys.py), verbatim.
+                        "keys": {"type": "array", "items": api_key},
                         "existingSecret": s(),
                         "secretKey": s(pattern=r"^[-._a-zA-Z0-9]+$"),
                     }

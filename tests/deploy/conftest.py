@@ -5,6 +5,7 @@ invariant tests read the same releases many times.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +15,8 @@ import pytest
 from tests.deploy.manifests import CHART, PRESETS, Release, load_values, render
 
 S3 = {"s3": "s3://models/demo-model/main"}
+# A key whose digest one matrix case puts in the chart's API-keys Secret.
+DEMO_API_KEY = "sk-llmserve-chart-test"
 
 
 def _pool(name: str, **extra: Any) -> dict[str, Any]:
@@ -65,7 +68,19 @@ MATRIX: dict[str, dict[str, Any]] = {
     "dns-discovery-api-keys-ingress-hpa": {
         "gateway": {
             "discovery": "dns",
-            "apiKeys": {"enabled": True, "sha256": ["a" * 64, "B" * 64]},
+            "apiKeys": {
+                "enabled": True,
+                "keys": [
+                    {"tenant": "acme", "sha256": "a" * 64, "rpm": 600, "max_priority": "high"},
+                    {
+                        "tenant": "beta",
+                        # Upper case on purpose: the chart must hand the gateway lower case.
+                        "sha256": hashlib.sha256(DEMO_API_KEY.encode()).hexdigest().upper(),
+                        "tpm": 200000,
+                        "weight": 0.5,
+                    },
+                ],
+            },
             "ingress": {
                 "enabled": True,
                 "className": "nginx",
@@ -80,7 +95,7 @@ MATRIX: dict[str, dict[str, Any]] = {
         "gateway": {
             "discovery": "static",
             "backends": ["http://10.0.0.7:8000", "http://10.0.0.8:8000"],
-            "apiKeys": {"enabled": True, "existingSecret": "my-keys", "secretKey": "digests"},
+            "apiKeys": {"enabled": True, "existingSecret": "my-keys", "secretKey": "keys.json"},
             "serviceAccount": {"create": False},
             "podDisruptionBudget": {"enabled": False},
         },

@@ -4,10 +4,13 @@ RBAC, pod security and resources, and the wiring between Services, selectors and
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.flow.keys import load_keys
+from tests.deploy.conftest import DEMO_API_KEY
 from tests.deploy.manifests import NAMESPACE, Manifest, Pod, Release, env_of, selector_matches
 
 pytestmark = pytest.mark.helm
@@ -331,8 +334,8 @@ def test_disruption_budgets_and_monitors_select_real_pods(release: Release) -> N
 
 def test_api_keys_are_mounted_where_the_gateway_looks(render_case: Any) -> None:
     for case, secret, key in [
-        ("dns-discovery-api-keys-ingress-hpa", "llm-llmserve-api-keys", "api-keys"),
-        ("static-discovery-existing-key-secret", "my-keys", "digests"),
+        ("dns-discovery-api-keys-ingress-hpa", "llm-llmserve-api-keys", "api-keys.json"),
+        ("static-discovery-existing-key-secret", "my-keys", "keys.json"),
     ]:
         rel = render_case(case)
         gateway = next(p for p in rel.pods() if p.role == "gateway")
@@ -342,10 +345,28 @@ def test_api_keys_are_mounted_where_the_gateway_looks(render_case: Any) -> None:
         mount = next(m for m in c["volumeMounts"] if m["name"] == "api-keys")
         assert mount["readOnly"] is True
         assert env_of(c)["GATEWAY_API_KEYS_FILE"] == f"{mount['mountPath']}/{key}"
+
+
+def test_api_keys_secret_is_a_keys_file_the_gateway_loads(render_case: Any, tmp_path: Path) -> None:
+    """The Secret's content goes through the gateway's own loader, as the pod would read it."""
+    values = render_case("dns-discovery-api-keys-ingress-hpa").values["gateway"]["apiKeys"]
     created = render_case("dns-discovery-api-keys-ingress-hpa").one(
         "Secret", "llm-llmserve-api-keys"
     )
-    assert created["stringData"]["api-keys"].split() == ["a" * 64, "b" * 64]
+    path = tmp_path / "api-keys.json"
+    path.write_text(created["stringData"]["api-keys.json"], encoding="utf-8")
+    store = load_keys(path)
+    by_tenant = {k.tenant: k for k in store.tenants()}
+    assert sorted(by_tenant) == sorted(e["tenant"] for e in values["keys"])
+    for entry in values["keys"]:
+        key = by_tenant[entry["tenant"]]
+        assert key.digest == bytes.fromhex(entry["sha256"])
+        for field in ("rpm", "tpm", "priority", "max_priority", "weight"):
+            if field in entry:
+                assert getattr(key, field) == entry[field], (entry["tenant"], field)
+    found = store.lookup(DEMO_API_KEY.encode())
+    assert found is not None and found.tenant == "beta"
+    assert store.lookup(b"sk-not-a-key") is None
 
 
 def test_gateway_discovery_settings(render_case: Any) -> None:

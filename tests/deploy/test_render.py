@@ -165,8 +165,16 @@ SCHEMA_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
         "invalid propertyName 'retries'",
     ),
     "api key not a digest": (
-        {"gateway": {"apiKeys": {"enabled": True, "sha256": ["sk-plaintext"]}}},
-        "/gateway/apiKeys/sha256/0",
+        {"gateway": {"apiKeys": {"enabled": True, "keys": [{"tenant": "t", "sha256": "sk-1"}]}}},
+        "/gateway/apiKeys/keys/0/sha256",
+    ),
+    "api key entry without a tenant": (
+        {"gateway": {"apiKeys": {"enabled": True, "keys": [{"sha256": "a" * 64}]}}},
+        "/gateway/apiKeys/keys/0",
+    ),
+    "api key entry with an unknown field": (
+        {"gateway": {"apiKeys": {"keys": [{"tenant": "t", "sha256": "a" * 64, "key": "x"}]}}},
+        "/gateway/apiKeys/keys/0",
     ),
     "single-pod access mode": (
         {"modelStorage": {"accessMode": "ReadWriteOncePod"}},
@@ -222,6 +230,20 @@ TEMPLATE_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
     "api keys with no keys": (
         {"gateway": {"apiKeys": {"enabled": True}}},
         "gateway.apiKeys.enabled needs",
+    ),
+    "one api key digest twice": (
+        {
+            "gateway": {
+                "apiKeys": {
+                    "enabled": True,
+                    "keys": [
+                        {"tenant": "a", "sha256": "c" * 64},
+                        {"tenant": "b", "sha256": "C" * 64},
+                    ],
+                }
+            }
+        },
+        'tenants "a" and "b" list the same sha256',
     ),
     "half an S3 key pair": (
         {"modelStorage": {"s3": {"accessKeyId": "AKIA"}}},
