@@ -9,10 +9,13 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.api.auth import AuthMiddleware
 from gateway.api.middleware import BodyLimitMiddleware, InFlightMiddleware, RequestIdMiddleware
 from gateway.api.proxy import ProxyDeps, ProxyEndpoint
 from gateway.api.routes import build_routes
 from gateway.errors import install_handlers
+from gateway.flow.admission import Admission
+from gateway.flow.keys import KeyStore, load_keys
 from gateway.metrics import GatewayMetrics
 from gateway.routing.factory import build_router
 from gateway.routing.router import Router
@@ -51,6 +54,8 @@ class GatewayState:
     transport: Transport
     router: Router
     metrics: GatewayMetrics
+    admission: Admission | None = None
+    keys: KeyStore | None = None
     draining: bool = field(default=False)
 
 
@@ -67,7 +72,11 @@ def build_app(
     # not one we want to route to.
     prober = HttpProber(transport, timeout_s=max(settings.timeouts.connect_s, 1.0))
     router = router or build_router(settings, prober)
-    state = GatewayState(settings, transport, router, GatewayMetrics())
+    metrics = GatewayMetrics()
+    # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
+    keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
+    admission = Admission(settings.flow, metrics) if settings.flow.enabled else None
+    state = GatewayState(settings, transport, router, metrics, admission, keys)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -85,7 +94,7 @@ def build_app(
     app.state.gateway = state
     install_handlers(app)
 
-    deps = ProxyDeps(settings, router, transport, state.metrics)
+    deps = ProxyDeps(settings, router, transport, state.metrics, admission)
     app.include_router(
         build_routes(router, state.metrics, lambda: state.draining, settings.health_interval_s)
     )
@@ -93,9 +102,11 @@ def build_app(
         "/v1/chat/completions": ProxyEndpoint(deps, "/v1/chat/completions", "chat"),
         "/v1/completions": ProxyEndpoint(deps, "/v1/completions", "completion"),
     })
-    # Outermost first at request time: in-flight gauge, request id, body limit, then the lanes.
+    # Outermost first at request time: in-flight gauge, request id, body limit, auth (only with
+    # a keys file: no keys, no layer), then the lanes.
+    inner: ASGIApp = lane if keys is None else AuthMiddleware(lane, keys)
     outer = InFlightMiddleware(
-        RequestIdMiddleware(BodyLimitMiddleware(lane, max_bytes=settings.max_body_bytes)),
+        RequestIdMiddleware(BodyLimitMiddleware(inner, max_bytes=settings.max_body_bytes)),
         metrics=state.metrics,
     )
     return GatewayApp(outer, app, state)

@@ -7,13 +7,52 @@ end-to-end latency are histograms as the gateway observes them, including its ow
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 # TTFT on CPU engines spans milliseconds to seconds under load; GPU clusters sit at the low end.
 _TTFT_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
     7.5, 10.0, 20.0, 30.0, 60.0,
 )
+_QUEUE_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+)
+_BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+_BATCH_DELAY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+
+# (pool, queue depth, concurrency limit, admitted in flight), read at scrape time only.
+PoolView = Callable[[], Iterable[tuple[str, int, int, int]]]
+
+
+class _PoolCollector(Collector):
+    """Pool gauges computed when Prometheus scrapes: no gauge update on the request path."""
+
+    def __init__(self) -> None:
+        self.view: PoolView | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth = GaugeMetricFamily("llmserve_queue_depth", "Requests waiting in the gateway "
+                                  "queue of a pool", labels=["pool"])
+        limit = GaugeMetricFamily("llmserve_concurrency_limit", "Current adaptive concurrency "
+                                  "limit of a pool", labels=["pool"])
+        admitted = GaugeMetricFamily("llmserve_admitted_in_flight", "Admitted requests in "
+                                     "flight per pool", labels=["pool"])
+        for pool, d, lim, n in (self.view() if self.view is not None else ()):
+            depth.add_metric([pool], d)
+            limit.add_metric([pool], lim)
+            admitted.add_metric([pool], n)
+        yield depth
+        yield limit
+        yield admitted
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
 _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -63,4 +102,36 @@ class GatewayMetrics:
         self.backend_outstanding = Gauge(
             "llmserve_backend_outstanding_requests", "Requests in flight per backend",
             ["backend"], registry=r,
+        )
+
+        # -- flow control (gateway/flow) ---------------------------------------------------------
+        self.pools = _PoolCollector()
+        r.register(self.pools)
+        self.queue_time = Histogram(
+            "llmserve_queue_time_seconds",
+            "Time an admitted request waited in the gateway queue (0 when admitted at once)",
+            ["pool"], buckets=_QUEUE_BUCKETS, registry=r,
+        )
+        self.rejections = Counter(
+            "llmserve_rejections",
+            "Requests refused by admission control (rpm, tpm: 429; queue_full, queue_wait, "
+            "queue_timeout: 503)",
+            ["pool", "reason"], registry=r,
+        )
+        self.tenant_requests = Counter(
+            "llmserve_tenant_requests", "Admitted requests per tenant (API key)", ["tenant"],
+            registry=r,
+        )
+        self.tenant_tokens = Counter(
+            "llmserve_tenant_tokens", "Tokens used per tenant, from upstream usage",
+            ["tenant", "kind"], registry=r,
+        )
+        self.batch_size = Histogram(
+            "llmserve_batch_size", "Prompts per upstream request sent by the batcher", ["model"],
+            buckets=_BATCH_SIZE_BUCKETS, registry=r,
+        )
+        self.batch_delay = Histogram(
+            "llmserve_batch_added_delay_seconds",
+            "Time a request waited in the batcher for companions", ["model"],
+            buckets=_BATCH_DELAY_BUCKETS, registry=r,
         )

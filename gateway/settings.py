@@ -6,6 +6,7 @@ reads the environment after that, so tests build as many independent gateways as
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -35,6 +36,69 @@ class Timeouts(BaseModel):
                 f"total_s={self.total_s})"
             )
         return self
+
+
+class FlowSettings(BaseModel):
+    """Admission control per backend pool: adaptive concurrency limit, fair queue, rejections.
+
+    The client-visible TTFT target is split in two: a request may wait up to `queue_timeout_s` in
+    the gateway's queue, and the limiter keeps the engines' own TTFT under the rest
+    (`ttft_target_s - queue_timeout_s`), so admitted requests stay within `ttft_target_s`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(True, description="admission control (limit + queue) per model pool")
+    ttft_target_s: float = Field(
+        4.0, gt=0, description="TTFT target for admitted requests, queue wait included"
+    )
+    queue_timeout_s: float = Field(
+        1.0, gt=0, description="longest wait in the gateway queue before a 503"
+    )
+    max_queue: int = Field(512, ge=0, description="queued requests per pool before 503")
+    initial_limit: int = Field(32, ge=1, description="starting concurrency limit per pool")
+    min_limit: int = Field(2, ge=1, description="floor of the adaptive concurrency limit")
+    max_limit: int = Field(1024, ge=1, description="ceiling of the adaptive concurrency limit")
+    backoff: float = Field(
+        0.9, gt=0, lt=1, description="multiplicative decrease when the target is missed"
+    )
+    scrape_engines: bool = Field(
+        True, description="also back off on engines' vllm:num_requests_waiting / kv cache usage"
+    )
+    scrape_interval_s: float = Field(1.0, gt=0, description="engine /metrics scrape period")
+    kv_cache_high: float = Field(
+        0.95, gt=0, le=1, description="engine KV cache usage treated as saturation"
+    )
+    default_priority: Literal["high", "normal", "low"] = Field(
+        "normal", description="priority when neither the key nor x-llmserve-priority sets one"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FlowSettings:
+        if not self.min_limit <= self.initial_limit <= self.max_limit:
+            raise ValueError(
+                "GATEWAY_FLOW: need min_limit <= initial_limit <= max_limit "
+                f"(got {self.min_limit}, {self.initial_limit}, {self.max_limit})"
+            )
+        if self.queue_timeout_s >= self.ttft_target_s:
+            raise ValueError(
+                "GATEWAY_FLOW: queue_timeout_s must be below ttft_target_s (the rest is the "
+                f"engines' share of the target; got {self.queue_timeout_s} >= "
+                f"{self.ttft_target_s})"
+            )
+        return self
+
+
+class BatchSettings(BaseModel):
+    """Adaptive batching of non-streaming /v1/completions into one multi-prompt request."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(True, description="coalesce compatible non-streaming completions")
+    max_size: int = Field(16, ge=1, le=256, description="most prompts in one upstream request")
+    max_delay_s: float = Field(
+        0.005, ge=0, le=1, description="longest a request waits for companions (under load)"
+    )
 
 
 class GatewaySettings(BaseSettings):
@@ -77,6 +141,11 @@ class GatewaySettings(BaseSettings):
     )
 
     timeouts: Timeouts = Field(default_factory=lambda: Timeouts())
+    flow: FlowSettings = Field(default_factory=lambda: FlowSettings())
+    batch: BatchSettings = Field(default_factory=lambda: BatchSettings())
+    api_keys_file: Path | None = Field(
+        None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off"
+    )
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="largest request body accepted (counted, not trusted)"
     )

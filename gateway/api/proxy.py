@@ -31,6 +31,8 @@ from gateway.errors import (
     send_error,
     sse_error_event,
 )
+from gateway.flow.admission import Admission, Pool
+from gateway.flow.tenants import Tenant
 from gateway.metrics import GatewayMetrics
 from gateway.routing.backend import Backend
 from gateway.routing.router import Router
@@ -56,6 +58,7 @@ class ProxyDeps:
     router: Router
     transport: Transport
     metrics: GatewayMetrics
+    flow: Admission | None = None
 
 
 async def read_body(receive: Receive) -> bytes:
@@ -113,6 +116,37 @@ class ProxyEndpoint:
         self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, started: float
     ) -> None:
         d = self._d
+        flow = d.flow
+        # Unknown models skip admission (they end in 404 or 503 below) so that made-up model
+        # names cannot create pools.
+        if flow is None or not d.router.knows_model(req.model):
+            await self._forward(scope, req, raw, send, started, None, None)
+            return
+        tenant = flow.tenants.for_key(scope.get("state", {}).get("api_key"))
+        pool = flow.pool(req.model)
+        try:
+            flow.check_limits(tenant, req.model)
+            if not pool.try_acquire():
+                try:
+                    await pool.acquire(tenant, tenant.priority_class(scope["headers"]))
+                except GatewayError:
+                    tenant.limits.refund()
+                    raise
+        except GatewayError as exc:
+            d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
+            await send_error(send, exc)
+            return
+        tenant.admitted()
+        try:
+            await self._forward(scope, req, raw, send, started, pool, tenant)
+        finally:
+            pool.release()
+
+    async def _forward(
+        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, started: float,
+        pool: Pool | None, tenant: Tenant | None,
+    ) -> None:
+        d = self._d
         model = req.model
         if req.stream and not req.client_wants_usage:
             # Ask for usage on our own account (token metrics); SseRelay strips it again.
@@ -132,7 +166,8 @@ class ProxyEndpoint:
             tried.append(backend)
             backend.acquire()
             try:
-                done = await self._attempt(backend, req, raw, headers, send, started)
+                done = await self._attempt(backend, req, raw, headers, send, started, pool,
+                                           tenant)
             except GatewayError as exc:
                 # Nothing reached the client yet: safe to try another replica.
                 d.router.report_failure(backend)
@@ -165,9 +200,12 @@ class ProxyEndpoint:
         headers: dict[str, str],
         send: Send,
         started: float,
+        pool: Pool | None,
+        tenant: Tenant | None,
     ) -> bool:
         """One try on one replica. Raises GatewayError only while the client has seen nothing."""
         d = self._d
+        dispatched = d.flow.clock() if pool is not None and d.flow is not None else 0.0
         resp = await d.transport.post(
             backend.url + self._path, raw, headers, streaming=req.stream
         )
@@ -186,9 +224,10 @@ class ProxyEndpoint:
                 d.metrics.requests.labels(req.model, backend.url, str(resp.status)).inc()
                 return True
             if req.stream:
-                await self._relay_stream(backend, req, resp, send, started)
+                await self._relay_stream(backend, req, resp, send, started, pool, tenant,
+                                         dispatched)
             else:
-                await self._relay_whole(backend, req, resp, send, started)
+                await self._relay_whole(backend, req, resp, send, started, tenant)
             return True
         except BaseException:
             resp.close()
@@ -196,7 +235,7 @@ class ProxyEndpoint:
 
     async def _relay_whole(
         self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
-        started: float,
+        started: float, tenant: Tenant | None,
     ) -> None:
         d = self._d
         body = await resp.read()
@@ -210,14 +249,18 @@ class ProxyEndpoint:
         m.requests.labels(req.model, backend.url, "200").inc()
         try:
             usage = orjson.loads(body).get("usage") or {}
-            m.input_tokens.labels(req.model).inc(int(usage.get("prompt_tokens") or 0))
-            m.output_tokens.labels(req.model).inc(int(usage.get("completion_tokens") or 0))
+            prompt = int(usage.get("prompt_tokens") or 0)
+            completion = int(usage.get("completion_tokens") or 0)
+            m.input_tokens.labels(req.model).inc(prompt)
+            m.output_tokens.labels(req.model).inc(completion)
+            if tenant is not None:
+                tenant.used(prompt, completion)
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
             pass
 
     async def _relay_stream(
         self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
-        started: float,
+        started: float, pool: Pool | None, tenant: Tenant | None, dispatched: float,
     ) -> None:
         d = self._d
         loop = asyncio.get_running_loop()
@@ -231,6 +274,9 @@ class ProxyEndpoint:
             first = relay.feed(chunk)
         d.router.report_success(backend)
         ttft = loop.time() - started
+        if pool is not None and d.flow is not None:
+            # The engine's own TTFT (dispatch -> first event): what the adaptive limit steers.
+            pool.sample(d.flow.clock() - dispatched, dispatched)
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
 
         # The chunk that carries [DONE] ends the response (more_body=False) at once: a client
@@ -276,6 +322,8 @@ class ProxyEndpoint:
             m.requests.labels(req.model, backend.url, status).inc()
             m.input_tokens.labels(req.model).inc(relay.prompt_tokens)
             m.output_tokens.labels(req.model).inc(relay.completion_tokens)
+            if tenant is not None:
+                tenant.used(relay.prompt_tokens, relay.completion_tokens)
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[object] | None) -> bool:

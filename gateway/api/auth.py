@@ -1,0 +1,49 @@
+"""API-key authentication as pure ASGI middleware (only installed when a keys file is configured).
+
+Every `/v1/*` request must carry `Authorization: Bearer <key>`; the matching `ApiKey` (tenant,
+limits, priority; never the key) goes into `scope["state"]["api_key"]` for admission control.
+Liveness, readiness and metrics stay open: probes and Prometheus carry no tenant key.
+
+`send` is not wrapped (that would cost a call per SSE event), and nothing here logs: a rejected
+key must not end up in a log line.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.errors import AuthenticationFailed, send_error
+from gateway.flow.keys import KeyStore
+
+_MISSING = AuthenticationFailed(
+    "You didn't provide an API key. Provide it in the Authorization header as 'Bearer <key>'."
+)
+_INVALID = AuthenticationFailed("Incorrect API key provided.")
+_WWW = [(b"www-authenticate", b'Bearer realm="llmserve"')]
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp, keys: KeyStore) -> None:
+        self.app = app
+        self._keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        token: bytes | None = None
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                scheme, _, rest = v.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    token = rest.strip()
+                break
+        if not token:
+            await send_error(send, _MISSING, _WWW)
+            return
+        key = self._keys.lookup(token)
+        if key is None:
+            await send_error(send, _INVALID, _WWW)
+            return
+        scope.setdefault("state", {})["api_key"] = key
+        await self.app(scope, receive, send)

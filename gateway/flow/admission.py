@@ -1,0 +1,185 @@
+"""Admission control: per-key limits, then a slot in the pool of the requested model.
+
+Order for one request: the tenant's token buckets (429 `rate_limit_exceeded`), then the pool's
+adaptive concurrency limit. Below the limit with nobody queued a request is admitted at once: an
+integer compare and increment, no future, no task. Otherwise it waits in the pool's fair queue.
+
+A request that would wait past `queue_timeout_s` (estimated from the requests ahead of it and the
+pool's observed drain rate) is refused at once instead of timing out later: the client hears "retry
+in N s" within milliseconds. `queue_timeout` remains the net for estimates that were too hopeful.
+Every refusal carries a Retry-After computed from the same queue and rate, never a constant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from time import monotonic
+
+from gateway.errors import GatewayError, RateLimited, Unavailable
+from gateway.flow.limiter import AimdLimiter
+from gateway.flow.queue import FairQueue, QueueFull, Waiter
+from gateway.flow.retry_after import DrainRate, expected_wait, retry_after
+from gateway.flow.tenants import Tenant, Tenants
+from gateway.metrics import GatewayMetrics
+from gateway.settings import FlowSettings
+
+
+class Pool:
+    """One model's backends as admission sees them: limit, in-flight count, queue, drain rate."""
+
+    __slots__ = ("_clock", "_metrics", "_queue_time", "_settings", "drain", "in_flight",
+                 "limiter", "name", "queue")
+
+    def __init__(
+        self, name: str, settings: FlowSettings, metrics: GatewayMetrics,
+        clock: Callable[[], float] = monotonic,
+    ) -> None:
+        self.name = name
+        self._settings = settings
+        self._clock = clock
+        self._metrics = metrics
+        self._queue_time = metrics.queue_time.labels(name)
+        self.limiter = AimdLimiter(
+            initial=settings.initial_limit, floor=settings.min_limit, ceiling=settings.max_limit,
+            target_s=settings.ttft_target_s - settings.queue_timeout_s, backoff=settings.backoff,
+            clock=clock,
+        )
+        self.queue = FairQueue(settings.max_queue)
+        self.drain = DrainRate(clock)
+        self.in_flight = 0
+
+    # -- per request -----------------------------------------------------------------------------
+
+    def try_acquire(self) -> bool:
+        """The fast path: a free slot and nobody waiting for it."""
+        if self.in_flight < self.limiter.limit and not self.queue._size:
+            self.in_flight += 1
+            self._queue_time.observe(0.0)
+            return True
+        return False
+
+    async def acquire(self, tenant: Tenant, cls: int) -> None:
+        """Wait for a slot; raises `Unavailable` (503 with Retry-After) when refused."""
+        if self.try_acquire():
+            return
+        s = self._settings
+        rate = self.drain.current()
+        limit = self.limiter.limit
+        target = self.limiter.target_s
+        ahead = self.queue.ahead_of(tenant.name, cls, tenant.weight)
+        if expected_wait(ahead, rate, limit, target) > s.queue_timeout_s:
+            raise self._refuse("queue_wait", ahead, rate)
+        loop = asyncio.get_running_loop()
+        now = self._clock()
+        w = Waiter(loop.create_future(), tenant.name, cls, tenant.weight, now)
+        try:
+            evicted = self.queue.push(w)
+        except QueueFull:
+            raise self._refuse("queue_full", len(self.queue), rate) from None
+        if evicted is not None:
+            evicted.future.set_exception(self._refuse("queue_full", len(self.queue), rate))
+        try:
+            async with asyncio.timeout(s.queue_timeout_s):
+                await w.future
+        except TimeoutError:
+            if self._granted(w):
+                # The slot arrived in the same instant as the deadline: take it.
+                self._queue_time.observe(self._clock() - now)
+                return
+            self.queue.remove(w)
+            raise self._refuse("queue_timeout", len(self.queue), self.drain.current()) from None
+        except asyncio.CancelledError:
+            if self._granted(w):
+                self.release()
+            else:
+                self.queue.remove(w)
+            raise
+        self._queue_time.observe(self._clock() - now)
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self.drain.tick(self._clock())
+        if self.queue._size:
+            self._dispatch()
+
+    def sample(self, ttft_s: float, dispatched_at: float) -> None:
+        self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight)
+
+    def pressure(self) -> None:
+        """The engines report waiting requests or a full KV cache (see flow.scrape)."""
+        self.limiter.on_pressure()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        limit = self.limiter.limit
+        while self.in_flight < limit:
+            w = self.queue.pop()
+            if w is None:
+                return
+            if w.future.done():  # cancelled in the same instant: not a taker
+                continue
+            self.in_flight += 1
+            w.future.set_result(None)
+
+    @staticmethod
+    def _granted(w: Waiter) -> bool:
+        f = w.future
+        return f.done() and not f.cancelled() and f.exception() is None
+
+    def _refuse(self, reason: str, ahead: int, rate: float) -> GatewayError:
+        self._metrics.rejections.labels(self.name, reason).inc()
+        wait = retry_after(ahead, rate, self.limiter.limit, self.limiter.target_s)
+        what = {
+            "queue_full": "the queue is full",
+            "queue_wait": "the queue is too long to be served in time",
+            "queue_timeout": "the request waited too long in the queue",
+        }[reason]
+        return Unavailable(
+            f"model '{self.name}' is overloaded ({what}); retry after {wait:.0f}s",
+            code="overloaded" if reason != "queue_timeout" else "queue_timeout",
+            retry_after=wait,
+        )
+
+
+class Admission:
+    """All pools and tenants of one gateway."""
+
+    def __init__(
+        self, settings: FlowSettings, metrics: GatewayMetrics,
+        clock: Callable[[], float] = monotonic,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self._metrics = metrics
+        self._pools: dict[str, Pool] = {}
+        self.tenants = Tenants(metrics, settings.default_priority, clock)
+        metrics.pools.view = self.view
+
+    def pool(self, model: str) -> Pool:
+        """The pool of `model`; callers pass only models the router knows (bounded set)."""
+        p = self._pools.get(model)
+        if p is None:
+            p = self._pools[model] = Pool(model, self.settings, self._metrics, self.clock)
+        return p
+
+    def pools(self) -> list[Pool]:
+        return list(self._pools.values())
+
+    def check_limits(self, tenant: Tenant, pool_name: str) -> None:
+        """Charge the tenant one request; raises `RateLimited` (429) if a bucket refuses."""
+        refusal = tenant.limits.admit()
+        if refusal is None:
+            return
+        self._metrics.rejections.labels(pool_name, refusal.reason).inc()
+        what = "requests" if refusal.reason == "rpm" else "tokens"
+        raise RateLimited(
+            f"Rate limit reached for {what} per minute on this API key; retry after "
+            f"{refusal.retry_after_s:.1f}s",
+            retry_after=refusal.retry_after_s,
+        )
+
+    def view(self) -> Iterator[tuple[str, int, int, int]]:
+        for p in list(self._pools.values()):
+            yield p.name, len(p.queue), p.limiter.limit, p.in_flight

@@ -1,0 +1,142 @@
+"""API keys: loaded from a JSON file of SHA-256 hashes, looked up per request, never logged.
+
+File format (`GATEWAY_API_KEYS_FILE`)::
+
+    {"keys": [{"tenant": "acme", "sha256": "<64 hex chars>", "rpm": 600, "tpm": 200000,
+               "priority": "normal", "max_priority": "high", "weight": 1.0}]}
+
+Only hashes are stored, so the file (a Kubernetes Secret, say) does not hand out working keys.
+`python -m gateway.flow.keys` reads a key on stdin and prints its hash for the file.
+
+Lookup hashes the presented key and finds the entry by that digest; the final comparison is
+`hmac.compare_digest`. The dict lookup compares digests, not secrets: its timing could reveal at
+most how a SHA-256 output compares with stored ones, which an attacker can neither steer nor
+invert. The key itself is never kept, put in an exception message, or passed to a logger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Priority = Literal["high", "normal", "low"]
+# Queue classes: lower is served first.
+PRIORITY_CLASS: dict[str, int] = {"high": 0, "normal": 1, "low": 2}
+
+
+class KeyFileError(ValueError):
+    """The keys file is missing or malformed; the message names GATEWAY_API_KEYS_FILE."""
+
+
+class _KeyEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    sha256: str
+    rpm: float | None = Field(None, gt=0, description="requests per minute; unset: unlimited")
+    tpm: float | None = Field(None, gt=0, description="tokens per minute; unset: unlimited")
+    priority: Priority | None = None
+    max_priority: Priority | None = None
+    weight: float = Field(1.0, gt=0, le=1000, description="fair-queueing weight of the tenant")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, v: str) -> str:
+        v = v.strip().lower()
+        if len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+            raise ValueError("sha256 must be 64 hex characters (the hash, never the key itself)")
+        return v
+
+
+class _KeyFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    keys: list[_KeyEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """What the gateway knows about a caller. Holds no secret: only the digest."""
+
+    tenant: str
+    digest: bytes
+    rpm: float | None = None
+    tpm: float | None = None
+    priority: Priority | None = None
+    max_priority: Priority | None = None
+    weight: float = 1.0
+
+    def __repr__(self) -> str:
+        return f"ApiKey(tenant={self.tenant!r})"
+
+
+def hash_key(key: str | bytes) -> str:
+    return hashlib.sha256(key.encode() if isinstance(key, str) else key).hexdigest()
+
+
+class KeyStore:
+    def __init__(self, keys: list[ApiKey]) -> None:
+        self._by_digest: dict[bytes, ApiKey] = {}
+        for k in keys:
+            if k.digest in self._by_digest:
+                raise KeyFileError(
+                    f"GATEWAY_API_KEYS_FILE: tenants {self._by_digest[k.digest].tenant!r} and "
+                    f"{k.tenant!r} list the same key hash"
+                )
+            self._by_digest[k.digest] = k
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    def lookup(self, presented: bytes) -> ApiKey | None:
+        digest = hashlib.sha256(presented).digest()
+        found = self._by_digest.get(digest)
+        if found is None or not hmac.compare_digest(found.digest, digest):
+            return None
+        return found
+
+    def tenants(self) -> list[ApiKey]:
+        return list(self._by_digest.values())
+
+
+def load_keys(path: Path) -> KeyStore:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise KeyFileError(
+            f"GATEWAY_API_KEYS_FILE: cannot read {str(path)!r}: {exc.strerror or exc}"
+        ) from None
+    try:
+        parsed = _KeyFile.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        # The message never quotes input values: a misplaced plaintext key must not reach a log.
+        raise KeyFileError(
+            f"GATEWAY_API_KEYS_FILE: {str(path)!r}: {loc or 'file'}: {first['msg']}"
+        ) from None
+    return KeyStore([
+        ApiKey(e.tenant, bytes.fromhex(e.sha256), e.rpm, e.tpm, e.priority, e.max_priority,
+               e.weight)
+        for e in parsed.keys
+    ])
+
+
+def main() -> int:
+    """Read one API key on stdin, print the sha256 to put in the keys file."""
+    key = sys.stdin.readline().strip()
+    if not key:
+        print("python -m gateway.flow.keys: error: no key on stdin", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The adaptive concurrency limit of one pool: AIMD on the engines' measured TTFT.
+
+Signal: each streamed request's upstream TTFT (dispatch -> first byte), i.e. the engine's own
+queueing plus prefill, without the gateway's queue (which the limit itself causes). Engines that
+report waiting requests or a nearly full KV cache (scraped from their /metrics) count as a missed
+target too: work is piling up inside them, which is what the limit exists to prevent.
+
+- Target met while the limit is actually in use: additive increase, +1 per `limit` samples
+  (about +1 per round trip of the whole window).
+- Target missed: multiplicative decrease, scaled by the overshoot (`target / latency`, never below
+  half, never above `backoff`), at most once per round trip: samples from requests dispatched
+  before the last decrease describe the old limit and are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from time import monotonic
+
+
+class AimdLimiter:
+    __slots__ = ("_backoff", "_ceiling", "_clock", "_floor", "_last_cut", "_limit", "_target",
+                 "limit")
+
+    def __init__(
+        self, *, initial: int, floor: int, ceiling: int, target_s: float, backoff: float = 0.9,
+        clock: Callable[[], float] = monotonic,
+    ) -> None:
+        if not 1 <= floor <= initial <= ceiling:
+            raise ValueError("AimdLimiter: need 1 <= floor <= initial <= ceiling")
+        if target_s <= 0 or not 0 < backoff < 1:
+            raise ValueError("AimdLimiter: need target_s > 0 and 0 < backoff < 1")
+        self._limit = float(initial)
+        self._floor = floor
+        self._ceiling = ceiling
+        self._target = target_s
+        self._backoff = backoff
+        self._clock = clock
+        self._last_cut = -1e18
+        self.limit = initial  # the integer the admission check reads
+
+    @property
+    def target_s(self) -> float:
+        return self._target
+
+    def on_sample(self, latency_s: float, dispatched_at: float, in_flight: int) -> None:
+        """One request's upstream TTFT; `in_flight` counts admitted requests at that moment."""
+        if latency_s > self._target:
+            if dispatched_at >= self._last_cut:
+                self._cut(self._target / latency_s)
+            return
+        # Grow only when the limit binds: an idle pool proves nothing about a higher limit.
+        if in_flight * 2 >= self.limit:
+            self._set(self._limit + 1.0 / self._limit)
+
+    def on_pressure(self) -> None:
+        """The engines report queued requests or a full KV cache: back off (once per round)."""
+        if self._clock() - self._last_cut >= self._target:
+            self._cut(self._backoff)
+
+    def _cut(self, ratio: float) -> None:
+        self._last_cut = self._clock()
+        self._set(self._limit * min(self._backoff, max(0.5, ratio)))
+
+    def _set(self, value: float) -> None:
+        self._limit = min(float(self._ceiling), max(float(self._floor), value))
+        self.limit = int(self._limit + 1e-9)  # 1/n added n times must reach the next integer

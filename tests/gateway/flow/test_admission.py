@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from gateway.errors import RateLimited, Unavailable
+from gateway.flow.admission import Admission
+from gateway.flow.keys import ApiKey
+from gateway.metrics import GatewayMetrics
+from gateway.settings import FlowSettings
+
+
+def admission(**kw: object) -> tuple[Admission, GatewayMetrics]:
+    m = GatewayMetrics()
+    s = FlowSettings(**{"initial_limit": 2, "min_limit": 1, "max_limit": 8,
+                        "queue_timeout_s": 0.2, "ttft_target_s": 1.0, **kw})  # type: ignore[arg-type]
+    return Admission(s, m), m
+
+
+def sample(m: GatewayMetrics, name: str, **labels: str) -> float:
+    v = m.registry.get_sample_value(name, labels)
+    return 0.0 if v is None else v
+
+
+async def test_fast_path_then_queue_then_handoff() -> None:
+    adm, m = admission()
+    pool = adm.pool("demo")
+    t = adm.tenants.for_key(None)
+    assert pool.try_acquire() and pool.try_acquire()
+    assert not pool.try_acquire()
+    pool.drain.rate = 1000.0  # a fast pool: the wait estimate lets it queue
+    pool.drain._since = time.monotonic()
+    waiting = asyncio.create_task(pool.acquire(t, 1))
+    await asyncio.sleep(0)
+    assert len(pool.queue) == 1
+    pool.release()
+    await asyncio.wait_for(waiting, 1)
+    assert pool.in_flight == 2 and len(pool.queue) == 0
+    assert sample(m, "llmserve_queue_time_seconds_count", pool="demo") == 3
+    assert ("demo", 0, 2, 2) in list(adm.view())
+
+
+async def test_queue_timeout_is_503_with_retry_after() -> None:
+    adm, m = admission(max_queue=10)
+    pool = adm.pool("demo")
+    t = adm.tenants.for_key(None)
+    pool.try_acquire(), pool.try_acquire()
+    # Pretend the pool drains fast, so the wait estimate admits it to the queue ...
+    pool.drain.rate = 1000.0
+    pool.drain._since = time.monotonic()
+    start = time.monotonic()
+    with pytest.raises(Unavailable) as info:
+        await pool.acquire(t, 1)  # ... but nothing is released: it times out
+    assert 0.19 < time.monotonic() - start < 0.5
+    assert info.value.code == "queue_timeout" and info.value.retry_after is not None
+    assert len(pool.queue) == 0
+    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_timeout") == 1
+
+
+async def test_hopeless_wait_is_refused_at_once_with_computed_retry_after() -> None:
+    adm, m = admission(max_queue=100)
+    pool = adm.pool("demo")
+    t = adm.tenants.for_key(None)
+    pool.try_acquire(), pool.try_acquire()
+    pool.drain.rate = 2.0  # 2 completions/s: the first queued waits ~0.5 s > 0.2 s timeout
+    pool.drain._since = time.monotonic()
+    start = time.monotonic()
+    with pytest.raises(Unavailable) as info:
+        await pool.acquire(t, 1)
+    assert time.monotonic() - start < 0.05
+    assert info.value.retry_after == pytest.approx(1.0)  # clamped minimum
+    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1
+
+
+async def test_full_queue_is_refused_at_once() -> None:
+    adm, _ = admission(max_queue=0)
+    pool = adm.pool("demo")
+    pool.try_acquire(), pool.try_acquire()
+    pool.drain.rate = 1000.0
+    pool.drain._since = time.monotonic()
+    with pytest.raises(Unavailable, match="queue is full"):
+        await pool.acquire(adm.tenants.for_key(None), 1)
+
+
+async def test_cancelled_waiter_leaves_no_trace_and_no_slot_leak() -> None:
+    adm, _ = admission(queue_timeout_s=0.5)
+    pool = adm.pool("demo")
+    t = adm.tenants.for_key(None)
+    pool.try_acquire(), pool.try_acquire()
+    pool.drain.rate = 1000.0
+    pool.drain._since = time.monotonic()
+    task = asyncio.create_task(pool.acquire(t, 1))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(pool.queue) == 0
+    pool.release(), pool.release()
+    assert pool.in_flight == 0
+    # Granted, then cancelled before it ran: the slot goes back.
+    pool.try_acquire(), pool.try_acquire()
+    task = asyncio.create_task(pool.acquire(t, 1))
+    await asyncio.sleep(0)
+    pool.release()  # hands the slot to the waiter
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert pool.in_flight == 1
+
+
+async def test_rate_limited_key_gets_429() -> None:
+    adm, m = admission()
+    key = ApiKey("acme", b"\0" * 32, rpm=1)
+    t = adm.tenants.for_key(key)
+    adm.check_limits(t, "demo")
+    with pytest.raises(RateLimited) as info:
+        adm.check_limits(t, "demo")
+    assert info.value.status == 429 and info.value.code == "rate_limit_exceeded"
+    assert info.value.retry_after == pytest.approx(60.0, abs=0.1)
+    assert sample(m, "llmserve_rejections_total", pool="demo", reason="rpm") == 1
+
+
+async def test_priority_header_is_capped_by_the_key() -> None:
+    adm, _ = admission()
+    capped = adm.tenants.for_key(ApiKey("a", b"\1" * 32, priority="low"))
+    vip = adm.tenants.for_key(ApiKey("b", b"\2" * 32, priority="normal", max_priority="high"))
+    hdr = [(b"x-llmserve-priority", b"high")]
+    assert capped.priority_class(hdr) == 2 and capped.priority_class([]) == 2
+    assert vip.priority_class(hdr) == 0 and vip.priority_class([]) == 1
+    assert vip.priority_class([(b"x-llmserve-priority", b"low")]) == 2
