@@ -21,7 +21,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def stack(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+def stack(s3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    # The workers serve the demo model as pulled from the loopback S3 server (model_store push, then
+    # pull), so every engine test also runs on a model that came through S3.
     base = free_port()
     # Two consecutive free ports are not guaranteed; probe from a random base until both bind.
     while True:
@@ -34,7 +36,7 @@ def stack(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
             base = free_port()
     logs = tmp_path_factory.mktemp("stack-logs")
     s = LocalStack(
-        real_model_dir,
+        s3_model_dir,
         workers=2,
         gateway_port=free_port(),
         worker_base_port=base,

@@ -1,0 +1,77 @@
+"""Synthetic models (random bytes, several files) pushed to the loopback S3 server."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from model_store.hashing import manifest_of
+from model_store.marker import MARKER_NAME, read_marker
+from tests.conftest import S3Env
+
+MiB = 1 << 20
+PART = "5MiB"  # S3's minimum: many parts from a small model
+
+
+def write_model(root: Path, sizes: dict[str, int]) -> Path:
+    for name, size in sizes.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+    return root
+
+
+@dataclass(frozen=True)
+class Pushed:
+    local: Path
+    url: str
+    bucket: str
+    prefix: str
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in manifest_of(self.local).values())
+
+
+SMALL = {"config.json": 2_000, "model-00001.safetensors": 12 * MiB + 7,
+         "model-00002.safetensors": 9 * MiB, "tok/tokenizer.json": 300_000, "empty.txt": 0}
+
+
+@pytest.fixture
+def push_model(s3: S3Env, tmp_path: Path) -> Callable[..., Pushed]:
+    def push(sizes: dict[str, int] = SMALL, prefix: str = "org/model/main") -> Pushed:
+        local = write_model(tmp_path / "local", sizes)
+        bucket = s3.bucket()
+        url = f"s3://{bucket}/{prefix}"
+        proc = s3.cli("push", local, url, MODEL_STORE_PART_SIZE=PART)
+        assert proc.returncode == 0, proc.stderr
+        return Pushed(local, url, bucket, prefix)
+
+    return push
+
+
+def assert_same_model(dest: Path, local: Path) -> None:
+    marker = read_marker(dest)
+    assert marker is not None
+    assert manifest_of(dest) == manifest_of(local) == marker.files
+    assert (dest / MARKER_NAME).is_file()
+
+
+def assert_nothing_left(dest: Path) -> None:
+    """No DEST, no staging, no lease: the volume looks as if the pull never ran."""
+    assert not dest.exists()
+    leftovers = [p.name for p in dest.parent.iterdir()] if dest.parent.exists() else []
+    assert not [n for n in leftovers if dest.name in n], leftovers
+
+
+def one_line_error(stderr: str, *fragments: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert "Traceback" not in stderr
+    assert lines and lines[-1].startswith("model_store: error: "), stderr
+    assert len([ln for ln in lines if "error" in ln]) == 1, stderr
+    for fragment in fragments:
+        assert fragment in lines[-1], stderr

@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from model_store.__main__ import build_parser
+from model_store.cliflags import settings_overrides, with_flag_names
+from model_store.settings import MiB, SettingsError, StoreSettings, load_settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in StoreSettings.model_fields:
+        monkeypatch.delenv(f"MODEL_STORE_{name.upper()}", raising=False)
+
+
+def test_env_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODEL_STORE_PART_SIZE", "16MiB")
+    monkeypatch.setenv("MODEL_STORE_CONCURRENCY", "3")
+    monkeypatch.setenv("MODEL_STORE_PATH_STYLE", "true")
+    assert load_settings().part_size == 16 * MiB
+    args = build_parser().parse_args(
+        ["pull", "s3://models/m/r", "d", "--concurrency", "5", "--no-path-style",
+         "--endpoint-url", "http://minio:9000"]
+    )
+    s = load_settings(**settings_overrides(args))
+    assert (s.concurrency, s.path_style, s.part_size) == (5, False, 16 * MiB)
+    assert s.endpoint_url == "http://minio:9000"
+
+
+def test_every_field_is_a_flag_on_every_s3_verb() -> None:
+    parser = build_parser()
+    for verb in ("push", "pull", "ls", "verify"):
+        text = parser._subparsers._group_actions[0].choices[verb].format_help()  # type: ignore[union-attr]
+        for name in StoreSettings.model_fields:
+            assert "--" + name.replace("_", "-") in text, (verb, name)
+            assert f"MODEL_STORE_{name.upper()}" in text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"part_size": "1MiB"}, "MODEL_STORE_PART_SIZE=1048576 (--part-size) is outside"),
+        ({"part_size": "6GiB"}, "outside S3's part limits"),
+        ({"lease_ttl_s": "5", "lease_heartbeat_s": "2"}, "at most a third"),
+        ({"endpoint_url": "minio:9000"}, "must start with http://"),
+        ({"concurrency": "0"}, "MODEL_STORE_CONCURRENCY (--concurrency)"),
+        ({"progress": "loud"}, "MODEL_STORE_PROGRESS (--progress)"),
+    ],
+)
+def test_invalid_settings_name_env_and_flag(overrides: dict[str, str], fragment: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        load_settings(**overrides)
+    assert fragment in with_flag_names(err.value)
+
+
+def test_bad_env_var_is_one_line_exit_1() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "model_store", "ls", "s3://models"],
+        env={"MODEL_STORE_CONCURRENCY": "lots", "PATH": "/usr/bin"},
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("model_store: error: MODEL_STORE_CONCURRENCY (--concurrency)")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("verb", ["push", "pull", "ls", "verify", "bootstrap-demo"])
+def test_help_on_every_verb(verb: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "model_store", verb, "--help"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and "usage: model_store " + verb in proc.stdout
