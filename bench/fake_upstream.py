@@ -1,24 +1,77 @@
-"""A near-free OpenAI-compatible upstream, for measuring the gateway's own overhead.
+"""A near-free OpenAI-compatible upstream: the seam where a vLLM server would be.
 
-Raw asyncio protocol, HTTP/1.1 keep-alive, every response pre-built as bytes: the upstream must
-never be the bottleneck of the benchmark. Streaming answers send EACH SSE event as its own write
-(own chunk of the chunked encoding), like an engine emitting one token at a time. It also serves
-the fast test tier as the seam where a real engine would be (`start_in_thread`).
+Serves `GET /health`, `GET /v1/models` (one model), `POST /v1/chat/completions` and
+`POST /v1/completions`, non-streaming (JSON with usage) or streaming (SSE over chunked transfer
+encoding, chunks shaped like vLLM's: chat sends a role chunk, one content delta per token, a finish
+chunk, the usage chunk `{"choices":[],"usage":{...}}` when `stream_options.include_usage`, then
+`data: [DONE]`). `max_tokens` (or `max_completion_tokens`) sets the answer's length.
 
-    python -m bench.fake_upstream --port 9100 --tokens 64
+Why a raw asyncio Protocol and not aiohttp.web: measured on one pinned core, aiohttp.web's
+low-level server spent ~3x the user CPU per streamed request; here every answer is pre-built bytes
+and a request costs one JSON parse plus the socket writes.
+
+Each SSE event is its own socket write by default, as an engine emits them. That is also what makes
+an upstream expensive: on this machine a loopback write costs ~6 us of kernel time, so 67 writes per
+64-token answer cap one core at ~2,000 streamed req/s. `events_per_write` groups events per write
+(each event still its own chunk of the chunked encoding) for throughput benchmarks that need the
+upstream far cheaper than the proxy under test.
+
+Use it from tests, in a background thread or in the running event loop:
+
+    with start_fake_upstream(tokens=8, token_delay_s=0.01) as up:      # thread
+        httpx.post(up.url + "/v1/completions", json={...})
+    async with start_fake_upstream(fail_status=503) as up:             # current loop
+        ...
+    up.requests, up.completions, up.aborted, up.last_request, up.last_headers
+
+or as a process:
+
+    python -m bench.fake_upstream --port 9100 --tokens 64 [--events-per-write 8]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import orjson
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MODEL = "demo"
+_PROMPT_TOKENS = 5  # usage.prompt_tokens per prompt: the fake does not tokenize
+
+
+class Behaviour(BaseSettings):
+    """What the fake upstream does; every field is also a CLI flag (`--token-delay-s`, ...)."""
+
+    model_config = SettingsConfigDict(env_prefix="FAKE_UPSTREAM_", frozen=True)
+
+    tokens: int = Field(64, ge=0, le=10_000_000,
+                        description="tokens per answer when the request sets no max_tokens")
+    model: str = Field(MODEL, min_length=1, description="the one model served")
+    token_delay_s: float = Field(0.0, ge=0, le=60,
+                                 description="sleep before each streamed event (and tokens x this "
+                                             "before a non-streamed answer)")
+    fail_status: int = Field(0, description="answer every completion with this HTTP status "
+                                            "(400-599) and an OpenAI error body; 0: never")
+    drop_after: int = Field(-1, ge=-1, description="close the connection after this many SSE "
+                                                   "events of a stream; -1: never")
+    events_per_write: int = Field(1, ge=1, le=1024,
+                                  description="SSE events per socket write (1: each its own write, "
+                                              "like an engine)")
+
+    @field_validator("fail_status")
+    @classmethod
+    def _status(cls, v: int) -> int:
+        if v != 0 and not 400 <= v <= 599:
+            raise ValueError("must be 0 (never fail) or an HTTP error status 400-599")
+        return v
 
 
 def _chunk(data: bytes) -> bytes:
@@ -26,87 +79,206 @@ def _chunk(data: bytes) -> bytes:
 
 
 def _sse(obj: object) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-@dataclass
-class Behaviour:
-    tokens: int = 64
-    model: str = MODEL
-    token_delay_s: float = 0.0  # per token: makes streams long enough to disconnect from
-    fail_status: int = 0  # answer every completion with this status instead
-    drop_after: int = -1  # close the connection after this many events (-1: never)
+def _error_body(message: str, kind: str) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None,
+                                   "code": None}})
 
 
-class _Responses:
-    """Pre-built bytes for each (kind, stream, usage, tokens) shape."""
+def _plain(status: int, body: bytes, close: bool = False) -> bytes:
+    conn = b"connection: close\r\n" if close else b""
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+            % (status, _REASONS.get(status, b"Error"), len(body), conn, body))
+
+
+_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
+            500: b"Internal Server Error", 503: b"Service Unavailable"}
+_SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+             b"transfer-encoding: chunked\r\n\r\n")
+_END = b"0\r\n\r\n"
+_CACHE_MAX = 64  # distinct answer shapes kept pre-built
+
+
+class _Answers:
+    """Pre-built bytes per answer shape, so serving a request costs no JSON encoding."""
 
     def __init__(self, b: Behaviour) -> None:
         self.b = b
-        self._cache: dict[tuple[str, bool, bool, int], list[bytes]] = {}
+        self._events: dict[tuple[str, bool, int, int], list[bytes]] = {}
+        self._whole: dict[tuple[str, int, int], bytes] = {}
 
-    def events(self, kind: str, include_usage: bool, n: int) -> list[bytes]:
-        key = (kind, True, include_usage, n)
-        if key not in self._cache:
-            m = self.b.model
-            usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
-            if kind == "chat":
-                base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk",
-                        "created": 1, "model": m}
-                ev = [_sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                                       "content": ""}}]})]
-                ev += [_sse({**base, "choices": [{"index": 0, "delta": {"content": " tok"},
-                                                  "finish_reason": None}]}) for _ in range(n)]
-                ev.append(_sse({**base, "choices": [{"index": 0, "delta": {},
-                                                     "finish_reason": "length"}]}))
-            else:
-                base = {"id": "cmpl-fake", "object": "text_completion", "created": 1, "model": m}
-                ev = [_sse({**base, "choices": [{"index": 0, "text": " tok",
-                                                 "finish_reason": None}]}) for _ in range(n)]
-                ev.append(_sse({**base, "choices": [{"index": 0, "text": "",
-                                                     "finish_reason": "length"}]}))
-            if include_usage:
-                ev.append(_sse({**base, "choices": [], "usage": usage}))
-            ev.append(b"data: [DONE]\n\n")
-            self._cache[key] = [_chunk(e) for e in ev]
-        return self._cache[key]
+    def _usage(self, n: int, prompts: int) -> dict[str, int]:
+        p = _PROMPT_TOKENS * prompts
+        return {"prompt_tokens": p, "completion_tokens": n * prompts, "total_tokens": p + n * prompts}
 
-    def whole(self, kind: str, n: int) -> bytes:
+    def events(self, kind: str, include_usage: bool, n: int, prompts: int) -> list[bytes]:
+        """The stream's SSE events, each already framed as one chunk of the chunked encoding."""
+        key = (kind, include_usage, n, prompts)
+        cached = self._events.get(key)
+        if cached is not None:
+            return cached
         m = self.b.model
-        usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
+        ev: list[bytes] = []
+        if kind == "chat":
+            base: dict[str, Any] = {"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                                    "created": 1, "model": m}
+            ev.append(_sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                       "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]}))
+            tok = _sse({**base, "choices": [{"index": 0, "delta": {"content": " tok"},
+                                             "logprobs": None, "finish_reason": None}]})
+            ev += [tok] * n
+            ev.append(_sse({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                 "finish_reason": "length"}]}))
+        else:
+            base = {"id": "cmpl-fake", "object": "text_completion", "created": 1, "model": m}
+            # vLLM interleaves the prompts of a list token by token, each with its own index.
+            toks = [_sse({**base, "choices": [{"index": i, "text": " tok", "logprobs": None,
+                                               "finish_reason": None}]}) for i in range(prompts)]
+            for _ in range(n):
+                ev += toks
+            ev += [_sse({**base, "choices": [{"index": i, "text": "", "logprobs": None,
+                                              "finish_reason": "length"}]})
+                   for i in range(prompts)]
+        if include_usage:
+            ev.append(_sse({**base, "choices": [], "usage": self._usage(n, prompts)}))
+        ev.append(b"data: [DONE]\n\n")
+        framed = [_chunk(e) for e in ev]
+        if len(self._events) >= _CACHE_MAX:
+            self._events.clear()
+        self._events[key] = framed
+        return framed
+
+    def whole(self, kind: str, n: int, prompts: int) -> bytes:
+        key = (kind, n, prompts)
+        cached = self._whole.get(key)
+        if cached is not None:
+            return cached
+        m, text = self.b.model, " tok" * n
+        obj: dict[str, Any]
         if kind == "chat":
             obj = {"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": m,
-                   "choices": [{"index": 0, "message": {"role": "assistant",
-                                                        "content": " tok" * n},
-                                "finish_reason": "length"}], "usage": usage}
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                "logprobs": None, "finish_reason": "length"}]}
         else:
             obj = {"id": "cmpl-fake", "object": "text_completion", "created": 1, "model": m,
-                   "choices": [{"index": 0, "text": " tok" * n, "finish_reason": "length"}],
-                   "usage": usage}
-        return json.dumps(obj).encode()
+                   "choices": [{"index": i, "text": text, "logprobs": None,
+                                "finish_reason": "length"} for i in range(prompts)]}
+        obj["usage"] = self._usage(n, prompts)
+        body = _plain(200, orjson.dumps(obj))
+        if len(self._whole) >= _CACHE_MAX:
+            self._whole.clear()
+        self._whole[key] = body
+        return body
+
+    def writes(self, events: list[bytes]) -> list[bytes]:
+        """The stream as socket writes: the head, then `events_per_write` events per write; the
+        chunked terminator rides with the last one."""
+        g = self.b.events_per_write
+        out = [_SSE_HEAD] + [b"".join(events[i:i + g]) for i in range(0, len(events), g)]
+        out[-1] += _END
+        return out
 
 
-_SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-             b"transfer-encoding: chunked\r\n\r\n")
+class _Request:
+    __slots__ = ("body", "headers", "method", "path")
+
+    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+        self.method, self.path, self.headers, self.body = method, path, headers, body
 
 
-def _plain(status: int, body: bytes) -> bytes:
-    return (b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-            % (status, len(body), body))
+class _BadRequest(Exception):
+    pass
+
+
+def _parse(buf: bytearray) -> _Request | None:
+    """Take one whole request off the front of `buf`; None if it is not all there yet."""
+    head_end = buf.find(b"\r\n\r\n")
+    if head_end < 0:
+        if len(buf) > 65536:
+            raise _BadRequest("request head too large")
+        return None
+    lines = bytes(buf[:head_end]).decode("latin-1").split("\r\n")
+    try:
+        method, target, _version = lines[0].split(" ", 2)
+    except ValueError:
+        raise _BadRequest("malformed request line") from None
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    start = head_end + 4
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body, end = _dechunk(buf, start)
+        if body is None:
+            return None
+    else:
+        try:
+            length = int(headers.get("content-length", "0"))
+        except ValueError:
+            raise _BadRequest("bad content-length") from None
+        end = start + length
+        if len(buf) < end:
+            return None
+        body = bytes(buf[start:end])
+    del buf[:end]
+    return _Request(method, target.split("?", 1)[0], headers, body)
+
+
+def _dechunk(buf: bytearray, pos: int) -> tuple[bytes | None, int]:
+    parts = []
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None, 0
+        try:
+            size = int(bytes(buf[pos:eol]).split(b";")[0], 16)
+        except ValueError:
+            raise _BadRequest("bad chunk size") from None
+        if size == 0:
+            end = buf.find(b"\r\n", eol + 2)  # no trailers expected: just the final CRLF
+            return (b"".join(parts), end + 2) if end >= 0 else (None, 0)
+        if len(buf) < eol + 2 + size + 2:
+            return None, 0
+        parts.append(bytes(buf[eol + 2:eol + 2 + size]))
+        pos = eol + 2 + size + 2
 
 
 class _Protocol(asyncio.Protocol):
+    """One client connection: HTTP/1.1 keep-alive, requests served one at a time in order."""
+
     def __init__(self, upstream: FakeUpstream) -> None:
         self.u = upstream
-        self.buf = b""
+        self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
         self.busy = False
+        self.paused: asyncio.Future[None] | None = None
+        self.task: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self.u.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.u.connections.discard(self)
+        self._resume()
+
+    def pause_writing(self) -> None:
+        # Back-pressure: a proxy that stops reading must see a stalled upstream, not one that
+        # buffers the whole answer in memory behind its back.
+        if self.paused is None:
+            self.paused = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        self._resume()
+
+    def _resume(self) -> None:
+        if self.paused is not None and not self.paused.done():
+            self.paused.set_result(None)
+        self.paused = None
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -114,144 +286,263 @@ class _Protocol(asyncio.Protocol):
             self._next()
 
     def _next(self) -> None:
-        head_end = self.buf.find(b"\r\n\r\n")
-        if head_end < 0:
+        try:
+            req = _parse(self.buf)
+        except _BadRequest as exc:
+            self._close_with(400, str(exc))
             return
-        head = self.buf[:head_end].decode("latin-1")
-        lines = head.split("\r\n")
-        method, path, _ = lines[0].split(" ", 2)
-        length = 0
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            if k.strip().lower() == "content-length":
-                length = int(v)
-        if len(self.buf) < head_end + 4 + length:
+        if req is None:
             return
-        body = self.buf[head_end + 4 : head_end + 4 + length]
-        self.buf = self.buf[head_end + 4 + length :]
         self.busy = True
-        asyncio.ensure_future(self._serve(method, path, body))
+        self.task = asyncio.ensure_future(self._serve(req))  # held: the loop keeps weak refs
 
-    async def _serve(self, method: str, path: str, body: bytes) -> None:
-        t = self.transport
-        if t is None:
-            return
+    def _close_with(self, status: int, message: str) -> None:
+        if self.transport is not None:
+            self.transport.write(_plain(status, _error_body(message, "invalid_request_error"),
+                                        close=True))
+            self.transport.close()
+
+    async def _serve(self, req: _Request) -> None:
         u = self.u
         u.requests += 1
-        if path == "/health":
-            t.write(_plain(200, b"{}"))
-        elif path == "/v1/models":
-            t.write(_plain(200, u.models_body))
-        elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
-            await self._completion("chat" if "chat" in path else "completion", body)
-        else:
-            t.write(_plain(404, b'{"error":{"message":"not found","type":"x","param":null,'
-                                b'"code":null}}'))
+        u.last_headers = req.headers
+        close = req.headers.get("connection", "").lower() == "close"
+        try:
+            if req.path in ("/v1/chat/completions", "/v1/completions"):
+                if req.method != "POST":
+                    self._write(_plain(405, _error_body("use POST", "invalid_request_error")))
+                else:
+                    await self._completion("chat" if "chat" in req.path else "completion", req)
+            elif req.path == "/health":
+                self._write(_plain(200, b""))
+            elif req.path == "/v1/models":
+                self._write(_plain(200, u.models_body))
+            else:
+                self._write(_plain(404, _error_body(f"no route {req.path}", "not_found_error")))
+        except ConnectionError:
+            close = True
         self.busy = False
-        if self.transport is not None and self.buf:
-            self._next()
+        if self.transport is not None:
+            if close:
+                self.transport.close()
+            elif self.buf:
+                self._next()
 
-    async def _completion(self, kind: str, raw: bytes) -> None:
+    def _write(self, data: bytes) -> None:
+        if self.transport is None:
+            raise ConnectionError("client went away")
+        self.transport.write(data)
+
+    async def _completion(self, kind: str, req: _Request) -> None:
         u = self.u
         u.completions += 1
         b = u.behaviour
-        t = self.transport
-        assert t is not None
+        try:
+            body = orjson.loads(req.body)
+            if not isinstance(body, dict):
+                raise TypeError("the body must be a JSON object")
+            u.last_request = body
+            n = body.get("max_tokens") or body.get("max_completion_tokens") or b.tokens
+            if not isinstance(n, int) or n < 0:
+                raise TypeError("max_tokens must be a non-negative integer")
+            prompt = body.get("prompt")
+            prompts = len(prompt) if kind == "completion" and isinstance(prompt, list) and \
+                prompt and not isinstance(prompt[0], int) else 1
+        except (ValueError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
+            self._write(_plain(400, _error_body(str(exc), "invalid_request_error")))
+            return
         if b.fail_status:
-            t.write(_plain(b.fail_status, b'{"error":{"message":"scripted failure",'
-                                          b'"type":"server_error","param":null,"code":null}}'))
+            self._write(_plain(b.fail_status, _error_body("scripted failure", "server_error")))
             return
-        req = json.loads(raw)
-        n = int(req.get("max_tokens") or b.tokens)
-        if not req.get("stream"):
-            t.write(_plain(200, u.responses.whole(kind, n)))
-            return
-        so = req.get("stream_options") or {}
-        events = u.responses.events(kind, bool(so.get("include_usage")), n)
-        t.write(_SSE_HEAD)
-        for i, ev in enumerate(events):
-            if i == b.drop_after:
-                t.close()
-                return
+        if not body.get("stream"):
             if b.token_delay_s:
-                await asyncio.sleep(b.token_delay_s)
+                await asyncio.sleep(b.token_delay_s * n)
+            self._write(u.answers.whole(kind, n, prompts))
+            return
+        so = body.get("stream_options") or {}
+        events = u.answers.events(kind, bool(so.get("include_usage")), n, prompts)
+        if b.token_delay_s or b.drop_after >= 0:
+            await self._stream_slowly(events)
+            return
+        for data in u.answers.writes(events):
+            self._write(data)
+            if self.paused is not None:
+                await self.paused
                 if self.transport is None:
                     u.aborted += 1
-                    return
-            t.write(ev)
-        t.write(b"0\r\n\r\n")
+                    raise ConnectionError("client went away mid-stream")
+
+    async def _stream_slowly(self, events: list[bytes]) -> None:
+        b, u = self.u.behaviour, self.u
+        self._write(_SSE_HEAD)  # head first, as Starlette's StreamingResponse does
+        for i, ev in enumerate(events):
+            if i == b.drop_after:
+                assert self.transport is not None
+                self.transport.close()
+                raise ConnectionError("scripted drop")
+            if b.token_delay_s:
+                await asyncio.sleep(b.token_delay_s)
+            if self.transport is None:
+                u.aborted += 1
+                raise ConnectionError("client went away mid-stream")
+            self._write(ev)
+            if self.paused is not None:
+                await self.paused
+                if self.transport is None:
+                    u.aborted += 1
+                    raise ConnectionError("client went away mid-stream")
+        self._write(_END)
 
 
 class FakeUpstream:
+    """The server's state and counters (read them from tests; they are only ever incremented)."""
+
     def __init__(self, behaviour: Behaviour | None = None) -> None:
         self.behaviour = behaviour or Behaviour()
-        self.responses = _Responses(self.behaviour)
-        self.models_body = json.dumps({"object": "list", "data": [
-            {"id": self.behaviour.model, "object": "model", "created": 1, "owned_by": "fake"}]}
-        ).encode()
-        self.requests = 0
-        self.completions = 0  # completion requests only (probes excluded)
+        self.answers = _Answers(self.behaviour)
+        self.models_body = orjson.dumps({"object": "list", "data": [
+            {"id": self.behaviour.model, "object": "model", "created": 1, "owned_by": "fake",
+             "root": self.behaviour.model, "parent": None, "max_model_len": 4096}]})
+        self.requests = 0  # every request, probes included
+        self.completions = 0  # completion requests only
         self.aborted = 0  # streams whose client went away before the end
+        self.last_request: dict[str, Any] | None = None  # last completion body, parsed
+        self.last_headers: dict[str, str] = {}  # last request's headers, names lower-case
+        self.host = "127.0.0.1"
         self.port = 0
+        self.connections: set[_Protocol] = set()
 
-    async def serve(self, host: str, port: int) -> asyncio.base_events.Server:
+    def drop_connections(self) -> None:
+        """Abort every open client connection (keep-alive ones included)."""
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def serve(self, host: str = "127.0.0.1", port: int = 0) -> asyncio.Server:
+        """Listen in the running loop; the caller owns (closes) the returned server."""
         loop = asyncio.get_running_loop()
         server = await loop.create_server(lambda: _Protocol(self), host, port, backlog=4096)
-        self.port = server.sockets[0].getsockname()[1]
+        self.host, self.port = host, server.sockets[0].getsockname()[1]
         return server
 
 
-@contextmanager
-def start_in_thread(behaviour: Behaviour | None = None) -> Iterator[FakeUpstream]:
-    """Run a FakeUpstream on 127.0.0.1 (random port) in a background thread with its own loop."""
-    up = FakeUpstream(behaviour)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    holder: list[asyncio.base_events.Server] = []
+class _Running:
+    """Context manager of `start_fake_upstream`: `with` runs it in a thread, `async with` in the
+    running loop."""
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        holder.append(loop.run_until_complete(up.serve("127.0.0.1", 0)))
-        ready.set()
-        loop.run_forever()
+    def __init__(self, host: str, port: int, behaviour: Behaviour) -> None:
+        self.upstream = FakeUpstream(behaviour)
+        self._host, self._port = host, port
+        self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    ready.wait(10)
-    try:
-        yield up
-    finally:
-        async def close() -> None:
-            holder[0].close()
-            await holder[0].wait_closed()
-        asyncio.run_coroutine_threadsafe(close(), loop).result(10)
+    async def __aenter__(self) -> FakeUpstream:
+        self._server = await self.upstream.serve(self._host, self._port)
+        return self.upstream
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        # Idle keep-alive connections would otherwise outlive the server (and its loop).
+        self.upstream.drop_connections()
+        await self._server.wait_closed()
+
+    def __enter__(self) -> FakeUpstream:
+        loop = self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.__aenter__())
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
+                failure.append(exc)
+                return
+            finally:
+                started.set()
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="fake-upstream", daemon=True)
+        self._thread.start()
+        if not started.wait(10):
+            raise TimeoutError("fake upstream did not start within 10 s")
+        if failure:
+            self._thread.join()
+            loop.close()
+            raise failure[0]
+        return self.upstream
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        loop, thread = self._loop, self._thread
+        assert loop is not None and thread is not None
+        asyncio.run_coroutine_threadsafe(self.__aexit__(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
 
 
-def main() -> None:
+def start_fake_upstream(host: str = "127.0.0.1", port: int = 0, *,
+                        behaviour: Behaviour | None = None, **knobs: Any) -> _Running:
+    """A fake upstream on host:port (port 0: a free one, see `.port`/`.url`), configured by
+    `behaviour` or by Behaviour's fields as keywords (tokens=, model=, token_delay_s=,
+    fail_status=, drop_after=, events_per_write=). Use with `with` (own thread and loop) or
+    `async with` (the running loop)."""
+    if behaviour is not None and knobs:
+        raise TypeError("pass either behaviour= or keyword knobs, not both")
+    return _Running(host, port, behaviour or Behaviour(**knobs))
+
+
+def start_in_thread(behaviour: Behaviour | None = None) -> _Running:
+    """`start_fake_upstream(behaviour=...)` on 127.0.0.1, a free port, in a thread."""
+    return start_fake_upstream(behaviour=behaviour or Behaviour())
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fake_upstream", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=9100)
-    p.add_argument("--tokens", type=int, default=64, help="tokens per answer without max_tokens")
-    p.add_argument("--model", default=MODEL)
-    args = p.parse_args()
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=9100, help="port to listen on (default %(default)s)")
+    for name, field in Behaviour.model_fields.items():
+        kind: Callable[[str], Any] = field.annotation if field.annotation in (int, float) else str  # type: ignore[assignment]
+        p.add_argument(_flag(name), type=kind, default=None,
+                       help=f"{field.description} (env FAKE_UPSTREAM_{name.upper()}; "
+                            f"default {field.default!r})")
+    p.add_argument("--no-uvloop", action="store_true", help="use the stdlib event loop")
+    args = p.parse_args(argv)
+    given = {k: v for k in Behaviour.model_fields if (v := getattr(args, k)) is not None}
     try:
+        behaviour = Behaviour(**given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        p.exit(2, f"fake_upstream: {_flag(str(err['loc'][0]))}: {err['msg']}\n")
+    if not args.no_uvloop:
         import uvloop
+
         uvloop.install()
-    except ImportError:
-        pass
 
     async def run() -> None:
-        up = FakeUpstream(Behaviour(tokens=args.tokens, model=args.model))
-        server = await up.serve(args.host, args.port)
-        async with server:
-            await server.serve_forever()
+        async with start_fake_upstream(args.host, args.port, behaviour=behaviour):
+            await asyncio.Event().wait()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except OSError as exc:
+        p.exit(1, f"fake_upstream: cannot listen on {args.host}:{args.port}: {exc.strerror}\n")
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,10 +11,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.auth import AuthMiddleware
 from gateway.api.middleware import BodyLimitMiddleware, InFlightMiddleware, RequestIdMiddleware
-from gateway.api.proxy import ProxyDeps, ProxyEndpoint
+from gateway.api.proxy import ProxyDeps, ProxyEndpoint, make_upstream_call
 from gateway.api.routes import build_routes
 from gateway.errors import install_handlers
 from gateway.flow.admission import Admission
+from gateway.flow.batcher import Batcher
 from gateway.flow.keys import KeyStore, load_keys
 from gateway.metrics import GatewayMetrics
 from gateway.routing.factory import build_router
@@ -87,6 +88,8 @@ def build_app(
         finally:
             # Shutdown: uvicorn has already drained in-flight requests (bounded by the drain
             # timeout); stop probing and close pooled upstream connections.
+            if deps.batcher is not None:
+                await deps.batcher.close()
             await router.stop()
             await transport.close()
 
@@ -95,6 +98,11 @@ def build_app(
     install_handlers(app)
 
     deps = ProxyDeps(settings, router, transport, state.metrics, admission)
+    if settings.batch.enabled:
+        deps.batcher = Batcher(
+            settings.batch, metrics, make_upstream_call(deps, "/v1/completions"),
+            queued=admission.queued if admission is not None else lambda _: 0,
+        )
     app.include_router(
         build_routes(router, state.metrics, lambda: state.draining, settings.health_interval_s)
     )

@@ -32,6 +32,7 @@ from gateway.errors import (
     sse_error_event,
 )
 from gateway.flow.admission import Admission, Pool
+from gateway.flow.batcher import Batcher, UpstreamCall, batch_key
 from gateway.flow.tenants import Tenant
 from gateway.metrics import GatewayMetrics
 from gateway.routing.backend import Backend
@@ -59,6 +60,7 @@ class ProxyDeps:
     transport: Transport
     metrics: GatewayMetrics
     flow: Admission | None = None
+    batcher: Batcher | None = None
 
 
 async def read_body(receive: Receive) -> bytes:
@@ -154,6 +156,11 @@ class ProxyEndpoint:
                                           "include_usage": True}
             raw = orjson.dumps(req.body)
         headers = _upstream_headers(scope)
+        if d.batcher is not None and self._kind == "completion" and not req.stream:
+            key = batch_key(req.body)
+            if key is not None:
+                await self._batched(d.batcher, req, key, send, started, tenant)
+                return
 
         tried: list[Backend] = []
         last_error: GatewayError | None = None
@@ -191,6 +198,29 @@ class ProxyEndpoint:
                 )
             d.metrics.requests.labels(model, "", str(last_error.status)).inc()
         await send_error(send, last_error)
+
+    async def _batched(
+        self, batcher: Batcher, req: ParsedRequest, key: bytes, send: Send, started: float,
+        tenant: Tenant | None,
+    ) -> None:
+        try:
+            result = await batcher.submit(req.model, req.body, key)
+        except GatewayError as exc:
+            await send_error(send, exc)
+            return
+        body = result.body
+        if result.status != 200:
+            body = normalize_upstream_error(result.status, body)
+        await _send_json(send, result.status, body)
+        if result.status == 200:
+            m = self._d.metrics
+            now = asyncio.get_running_loop().time()
+            m.ttft.labels(req.model).observe(now - started)
+            m.e2e.labels(req.model).observe(now - started)
+            m.input_tokens.labels(req.model).inc(result.prompt_tokens)
+            m.output_tokens.labels(req.model).inc(result.completion_tokens)
+            if tenant is not None:
+                tenant.used(result.prompt_tokens, result.completion_tokens)
 
     async def _attempt(
         self,
@@ -324,6 +354,52 @@ class ProxyEndpoint:
             m.output_tokens.labels(req.model).inc(relay.completion_tokens)
             if tenant is not None:
                 tenant.used(relay.prompt_tokens, relay.completion_tokens)
+
+
+def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
+    """A whole-body POST with the proxy's replica choice and retries, for the batcher: nothing
+    reaches a client here, so every failure may be retried on another replica."""
+
+    async def call(model: str, body: bytes) -> tuple[int, bytes]:
+        d = deps
+        tried: list[Backend] = []
+        last_error: GatewayError | None = None
+        headers = {"content-type": "application/json"}
+        for attempt in range(d.settings.retries + 1):
+            backend = d.router.pick(model, tried)
+            if backend is None:
+                break
+            if attempt:
+                d.metrics.retries.labels(model).inc()
+            tried.append(backend)
+            backend.acquire()
+            try:
+                resp = await d.transport.post(backend.url + path, body, headers, streaming=False)
+                try:
+                    raw = await resp.read()
+                except BaseException:
+                    resp.close()
+                    raise
+                resp.release()
+                if resp.status >= 500:
+                    raise UpstreamFailed(
+                        f"replica answered HTTP {resp.status}: "
+                        f"{raw[:200].decode('utf-8', 'replace')}"
+                    )
+                d.router.report_success(backend)
+                d.metrics.requests.labels(model, backend.url, str(resp.status)).inc()
+                return resp.status, raw
+            except GatewayError as exc:
+                d.router.report_failure(backend)
+                d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
+                last_error = exc
+            finally:
+                backend.release()
+        raise last_error or Unavailable(
+            f"no healthy replica for model '{model}'", retry_after=d.settings.health_interval_s
+        )
+
+    return call
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[object] | None) -> bool:

@@ -164,6 +164,10 @@ class Admission:
             p = self._pools[model] = Pool(model, self.settings, self._metrics, self.clock)
         return p
 
+    def queued(self, model: str) -> int:
+        p = self._pools.get(model)
+        return len(p.queue) if p is not None else 0
+
     def pools(self) -> list[Pool]:
         return list(self._pools.values())
 

@@ -6,7 +6,7 @@ invariant tests read the same releases many times.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import helm_python
@@ -177,8 +177,11 @@ def loaded_chart() -> Iterator[helm_python.Chart]:
         yield c
 
 
+RenderCase = Callable[[str], Release]
+
+
 @pytest.fixture(scope="session")
-def render_case(loaded_chart: helm_python.Chart) -> Any:
+def render_case(loaded_chart: helm_python.Chart) -> RenderCase:
     cache: dict[str, Release] = {}
 
     def get(case: str) -> Release:
@@ -190,11 +193,11 @@ def render_case(loaded_chart: helm_python.Chart) -> Any:
 
 
 @pytest.fixture(params=sorted(ALL_CASES))
-def release(request: pytest.FixtureRequest, render_case: Any) -> Release:
+def release(request: pytest.FixtureRequest, render_case: RenderCase) -> Release:
     """Every preset and every matrix case, rendered."""
     return render_case(request.param)
 
 
 @pytest.fixture(params=sorted(PRESET_CASES))
-def preset(request: pytest.FixtureRequest, render_case: Any) -> Release:
+def preset(request: pytest.FixtureRequest, render_case: RenderCase) -> Release:
     return render_case(f"preset:{request.param}")

@@ -13,8 +13,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import kubernetes_validate
+import jsonschema  # type: ignore[import-untyped]
+import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
@@ -79,7 +79,7 @@ def test_crd_schemas_are_there() -> None:
 
 def test_crd_conversion_rejects_an_unknown_field() -> None:
     """The closed schema is what makes the CRD validation worth something."""
-    lws = {
+    lws: dict[str, Any] = {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
         "metadata": {"name": "x"},

@@ -1,0 +1,149 @@
+"""Gateway overhead with flow control off and fully on (API-key auth, per-key buckets, adaptive
+limit + fair queue, batcher), against the same near-free upstream, in one run.
+
+Same method as bench/gateway_overhead.py (gateway pinned to CPU 0; upstream, wrk and the latency
+client on CPU 1; rounds alternate; medians), plus an `Authorization` header on every request so
+the auth path is really taken. Limits are set high enough that nothing is refused.
+
+    python -m bench.flow_overhead [--duration 6] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from bench.gateway_overhead import free_port, start, wait_ok
+from bench.load import Conn, Result
+
+KEY = "sk-bench-overhead"
+_LUA = """
+wrk.method = "POST"
+wrk.body   = '{"model":"demo","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer %s"
+"""
+
+
+def wrk_rps(url: str, tokens: int, concurrency: int, duration_s: float) -> float:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
+        fh.write(_LUA % (tokens, KEY))
+    out = subprocess.run(
+        ["taskset", "-c", "1", "wrk", "-t1", f"-c{concurrency}", f"-d{duration_s:g}s", "-s",
+         fh.name, url + "/v1/chat/completions"], capture_output=True, text=True, check=True,
+    ).stdout
+    os.unlink(fh.name)
+    if "Non-2xx" in out or "Socket errors" in out:
+        print(out, file=sys.stderr)
+    return float(out.split("Requests/sec:")[1].split()[0])
+
+
+def request_bytes(url: str, tokens: int) -> bytes:
+    u = urlparse(url)
+    body = json.dumps({"model": "demo", "stream": True, "max_tokens": tokens,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {u.hostname}:{u.port}\r\n"
+            f"authorization: Bearer {KEY}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def latency(url: str, tokens: int, count: int) -> Result:
+    u = urlparse(url)
+    raw = request_bytes(url, tokens)
+    c = Conn(u.hostname or "127.0.0.1", u.port or 80)
+    res = Result()
+    for _ in range(20):
+        await c.request(raw)
+    for _ in range(count):
+        if await c.request(raw, res.ttft):
+            res.ok += 1
+        else:
+            res.errors += 1
+    c.close()
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.flow_overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=6.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--latency-requests", type=int, default=400)
+    args = p.parse_args()
+    import uvloop
+
+    uvloop.install()
+    os.sched_setaffinity(0, {1})
+    tmp = Path(tempfile.mkdtemp())
+    keys = tmp / "keys.json"
+    import hashlib
+
+    keys.write_text(json.dumps({"keys": [{
+        "tenant": "bench", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+        "rpm": 1e9, "tpm": 1e12}]}))
+    up_port = free_port()
+    upstream = f"http://127.0.0.1:{up_port}"
+    base = (f"{sys.executable} -m gateway --host 127.0.0.1 --port {{port}} --backend {upstream} "
+            "--log-level warning ")
+    variants = {
+        "flow-off": "--no-flow-enabled --no-batch-enabled",
+        "flow-on": f"--api-keys-file {keys} --flow-enabled --batch-enabled "
+                   "--flow-max-limit 4096 --flow-initial-limit 1024",
+    }
+    procs = [start(f"{sys.executable} -m bench.fake_upstream --port {up_port} "
+                   f"--tokens {args.tokens}", "1")]
+    try:
+        wait_ok(upstream + "/health")
+        targets = [("direct", upstream)]
+        for name, extra in variants.items():
+            port = free_port()
+            procs.append(start(base.format(port=port) + extra, "0"))
+            targets.append((name, f"http://127.0.0.1:{port}"))
+            wait_ok(targets[-1][1] + "/ready")
+        time.sleep(0.5)
+        rows: dict[str, dict[str, list[float]]] = {
+            n: {"rps": [], "p50": [], "p99": []} for n, _ in targets}
+        for r in range(args.repeats):
+            for name, url in targets:
+                rps = wrk_rps(url, args.tokens, args.concurrency, args.duration)
+                lat = asyncio.run(latency(url, args.tokens, args.latency_requests))
+                if lat.errors:
+                    print(f"{name}: {lat.errors} errors", file=sys.stderr)
+                rows[name]["rps"].append(rps)
+                rows[name]["p50"].append(lat.p50 * 1e3)
+                rows[name]["p99"].append(lat.pct(0.99) * 1e3)
+                print(f"round {r + 1} {name:9s} {rps:8.0f} req/s  TTFT p50 "
+                      f"{lat.p50 * 1e3:6.3f} ms  p99 {lat.pct(0.99) * 1e3:6.3f} ms", flush=True)
+        med = {n: {k: statistics.median(v) for k, v in c.items()} for n, c in rows.items()}
+        d = med["direct"]
+        print(f"\nmedian of {args.repeats} rounds, {args.tokens}-token streams, "
+              f"{args.concurrency} concurrent (wrk) for throughput, 1 for TTFT")
+        print("| path | streamed req/s | TTFT p50 (ms) | added TTFT p50 (ms) | TTFT p99 (ms) |")
+        print("|---|---|---|---|---|")
+        for n, _ in targets:
+            g = med[n]
+            print(f"| {n} | {g['rps']:.0f} | {g['p50']:.3f} | {g['p50'] - d['p50']:+.3f} | "
+                  f"{g['p99']:.3f} |")
+    finally:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, 15)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

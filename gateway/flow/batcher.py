@@ -1,0 +1,239 @@
+"""Adaptive batching: compatible non-streaming /v1/completions become one multi-prompt request.
+
+Compatible means same model and same parameters: every field but `prompt` is equal (the key is
+the canonical JSON of the rest). Only single-string prompts with n == 1 are batched, so choice `i`
+of the upstream answer belongs to member `i` (vLLM orders choices by prompt, then by n).
+
+The window adapts to load: a batch opened while this model has nothing in flight through the
+batcher and nothing queued is flushed on the next event-loop turn (it only collects requests that
+arrived in the same instant; at concurrency 1 that costs microseconds). Under load the window
+grows in proportion to the prompts already in flight plus the admission queue, up to
+`max_delay_s`; a batch that reaches `max_size` leaves at once. Streaming requests never come here.
+
+Splitting: choices are re-indexed to 0 and each member gets its own usage. Exact token counts come
+from `return_token_ids` (asked for on the member's behalf, stripped again unless the members asked
+themselves); if an upstream does not return them, usage is split in proportion to text length.
+A 4xx for the batch (one bad prompt, say) is retried member by member, so companions never fail
+for it; a 5xx already went through the caller's retries and is everyone's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from time import monotonic
+from typing import Any
+
+import orjson
+
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.settings import BatchSettings
+
+log = logging.getLogger("gateway.batcher")
+
+# (model, request body) -> (status, response body); raises GatewayError when no replica answers.
+UpstreamCall = Callable[[str, bytes], Awaitable[tuple[int, bytes]]]
+_TOKEN_FIELDS = ("token_ids", "prompt_token_ids")
+
+
+@dataclass(slots=True)
+class BatchResult:
+    status: int
+    body: bytes
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Member:
+    prompt: str
+    future: asyncio.Future[BatchResult]
+    submitted: float
+
+
+@dataclass(slots=True, eq=False)
+class _Batch:
+    key: bytes
+    model: str
+    template: dict[str, Any]
+    members: list[_Member] = field(default_factory=list)
+    handle: asyncio.Handle | None = None
+
+
+def batch_key(body: dict[str, Any]) -> bytes | None:
+    """The compatibility key of a request, or None if it cannot be batched."""
+    if body.get("stream") or not isinstance(body.get("prompt"), str):
+        return None
+    if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
+        return None
+    rest = {k: v for k, v in body.items() if k != "prompt"}
+    try:
+        return orjson.dumps(rest, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
+
+
+class Batcher:
+    def __init__(
+        self, settings: BatchSettings, metrics: GatewayMetrics, call: UpstreamCall,
+        queued: Callable[[str], int] = lambda _: 0,
+    ) -> None:
+        self._s = settings
+        self._m = metrics
+        self._call = call
+        self._queued = queued
+        self._open: dict[bytes, _Batch] = {}
+        self._in_flight: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def window(self, model: str) -> float:
+        s = self._s
+        pressure = self._in_flight.get(model, 0) + self._queued(model)
+        return s.max_delay_s * min(1.0, pressure / s.max_size)
+
+    async def submit(self, model: str, body: dict[str, Any], key: bytes) -> BatchResult:
+        loop = asyncio.get_running_loop()
+        batch = self._open.get(key)
+        if batch is None:
+            template = {k: v for k, v in body.items() if k != "prompt"}
+            batch = self._open[key] = _Batch(key, model, template)
+            delay = self.window(model)
+            batch.handle = (loop.call_soon(self._flush, batch) if delay <= 0
+                            else loop.call_later(delay, self._flush, batch))
+        member = _Member(body["prompt"], loop.create_future(), monotonic())
+        batch.members.append(member)
+        if len(batch.members) >= self._s.max_size:
+            self._flush(batch)
+        # A member whose client leaves cancels only its own future; the batch goes on.
+        return await member.future
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _flush(self, batch: _Batch) -> None:
+        if self._open.get(batch.key) is batch:
+            del self._open[batch.key]
+        if batch.handle is not None:
+            batch.handle.cancel()
+            batch.handle = None
+        live = [m for m in batch.members if not m.future.done()]
+        batch.members = []
+        if not live:
+            return
+        task = asyncio.get_running_loop().create_task(self._run(batch, live))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: _Batch, live: list[_Member]) -> None:
+        model = batch.model
+        now = monotonic()
+        m = self._m
+        m.batch_size.labels(model).observe(len(live))
+        delay = m.batch_delay.labels(model)
+        for mem in live:
+            delay.observe(now - mem.submitted)
+        self._in_flight[model] = self._in_flight.get(model, 0) + len(live)
+        try:
+            if len(live) == 1:
+                await self._single(batch, live[0])
+            else:
+                await self._many(batch, live)
+        except GatewayError as exc:
+            for mem in live:
+                if not mem.future.done():
+                    mem.future.set_exception(exc)
+        except asyncio.CancelledError:
+            for mem in live:
+                if not mem.future.done():
+                    mem.future.set_exception(GatewayError("the gateway is shutting down"))
+            raise
+        except Exception:
+            # A bug, not an upstream failure: nobody awaits this task, so log it here.
+            log.exception("batcher error")
+            for mem in live:
+                if not mem.future.done():
+                    mem.future.set_exception(GatewayError("internal error"))
+        finally:
+            self._in_flight[model] -= len(live)
+
+    async def _single(self, batch: _Batch, mem: _Member) -> None:
+        body = orjson.dumps({**batch.template, "prompt": mem.prompt})
+        status, raw = await self._call(batch.model, body)
+        result = BatchResult(status, raw)
+        if status == 200:
+            usage = _usage(raw)
+            result.prompt_tokens, result.completion_tokens = usage
+        if not mem.future.done():
+            mem.future.set_result(result)
+
+    async def _many(self, batch: _Batch, live: list[_Member]) -> None:
+        template = batch.template
+        asked_ids = bool(template.get("return_token_ids"))
+        body = orjson.dumps({**template, "prompt": [mem.prompt for mem in live],
+                             "return_token_ids": True})
+        status, raw = await self._call(batch.model, body)
+        if 400 <= status < 500:
+            # One member's fault fails the whole batch upstream: let each answer for itself.
+            await asyncio.gather(*(self._single(batch, mem) for mem in live))
+            return
+        if status != 200:
+            for mem in live:
+                if not mem.future.done():
+                    mem.future.set_result(BatchResult(status, raw))
+            return
+        for mem, result in zip(live, split(raw, [mem.prompt for mem in live], asked_ids),
+                               strict=True):
+            if not mem.future.done():
+                mem.future.set_result(result)
+
+
+def _usage(raw: bytes) -> tuple[int, int]:
+    try:
+        usage = orjson.loads(raw).get("usage") or {}
+        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return 0, 0
+
+
+def split(raw: bytes, prompts: list[str], keep_token_ids: bool) -> list[BatchResult]:
+    """One upstream multi-prompt answer -> one OpenAI answer per prompt (index 0, own usage)."""
+    obj = orjson.loads(raw)
+    choices: list[dict[str, Any]] = obj.get("choices") or []
+    by_index = {int(c.get("index", i)): c for i, c in enumerate(choices)}
+    if sorted(by_index) != list(range(len(prompts))):
+        raise GatewayError(
+            f"batched upstream answer has {len(choices)} choices for {len(prompts)} prompts"
+        )
+    usage = obj.get("usage") or {}
+    total_prompt = int(usage.get("prompt_tokens") or 0)
+    total_completion = int(usage.get("completion_tokens") or 0)
+    exact = all(isinstance(c.get("token_ids"), list) and isinstance(c.get("prompt_token_ids"),
+                                                                     list) for c in choices)
+    prompt_chars = sum(len(p) for p in prompts) or 1
+    text_chars = sum(len(str(c.get("text") or "")) for c in choices) or 1
+    base = {k: v for k, v in obj.items() if k not in ("choices", "usage")}
+    rid = str(obj.get("id") or "cmpl-batch")
+    out = []
+    for i, prompt in enumerate(prompts):
+        c = dict(by_index[i])
+        if exact:
+            p_tok, c_tok = len(c["prompt_token_ids"]), len(c["token_ids"])
+        else:
+            p_tok = round(total_prompt * len(prompt) / prompt_chars)
+            c_tok = round(total_completion * len(str(c.get("text") or "")) / text_chars)
+        if not keep_token_ids:
+            for f in _TOKEN_FIELDS:
+                c.pop(f, None)
+        c["index"] = 0
+        answer = {**base, "id": f"{rid}-{i}", "choices": [c],
+                  "usage": {"prompt_tokens": p_tok, "completion_tokens": c_tok,
+                            "total_tokens": p_tok + c_tok}}
+        out.append(BatchResult(200, orjson.dumps(answer), p_tok, c_tok))
+    return out
