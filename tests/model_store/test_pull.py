@@ -1,0 +1,143 @@
+"""pull: the round trip, ROOT/<model>/<revision>, corruption, and every failure as one line."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from model_store.manifest import MANIFEST_NAME
+from tests.conftest import S3Env
+from tests.model_store.conftest import (
+    PART,
+    Pushed,
+    assert_nothing_left,
+    assert_same_model,
+    one_line_error,
+)
+from tests.s3server import Counter, free_port, moto_server
+
+pytestmark = pytest.mark.s3
+
+
+def test_round_trip_and_second_pull_is_a_no_op(
+    s3: S3Env, push_model: Callable[..., Pushed], tmp_path: Path
+) -> None:
+    pushed = push_model()
+    dest = tmp_path / "vol" / "model" / "main"
+    before = s3.counter.sent[pushed.bucket]
+    proc = s3.cli("pull", pushed.url, dest, MODEL_STORE_PART_SIZE=PART)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(dest)
+    assert_same_model(dest, pushed.local)
+    assert s3.counter.sent[pushed.bucket] - before == pushed.size
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["main"]  # no staging, no lease
+    again = s3.cli("pull", pushed.url, dest)
+    assert again.returncode == 0 and "already complete" in again.stderr
+    assert s3.counter.sent[pushed.bucket] - before == pushed.size  # no bytes the second time
+    ok = s3.cli("verify", dest)
+    assert ok.returncode == 0 and "OK, 5 files" in ok.stderr
+
+
+def test_root_layout_model_and_revision(
+    s3: S3Env, push_model: Callable[..., Pushed], tmp_path: Path
+) -> None:
+    pushed = push_model(prefix="org/llama/v2")
+    proc = s3.cli("pull", pushed.url, "--root", tmp_path / "models")
+    assert proc.returncode == 0, proc.stderr
+    assert_same_model(tmp_path / "models" / "llama" / "v2", pushed.local)
+    proc = s3.cli("pull", pushed.url, "--model", "x", "--revision", "r1",
+                  MODEL_STORE_ROOT=str(tmp_path / "models"))
+    assert proc.returncode == 0, proc.stderr
+    assert_same_model(tmp_path / "models" / "x" / "r1", pushed.local)  # beside the other one
+    one_line_error(s3.cli("pull", pushed.url).stderr, "give DEST, or set MODEL_STORE_ROOT")
+
+
+def test_verify_names_the_bad_file(
+    s3: S3Env, push_model: Callable[..., Pushed], tmp_path: Path
+) -> None:
+    pushed = push_model()
+    dest = tmp_path / "m"
+    assert s3.cli("pull", pushed.url, dest).returncode == 0
+    target = dest / "tok" / "tokenizer.json"
+    data = bytearray(target.read_bytes())
+    data[1000] ^= 1
+    target.write_bytes(bytes(data))
+    proc = s3.cli("verify", dest)
+    assert proc.returncode == 1
+    one_line_error(proc.stderr, f"{target}: SHA-256 mismatch")
+    (dest / "config.json").unlink()
+    one_line_error(s3.cli("verify", dest).stderr, "config.json: missing", "1 more bad files")
+    one_line_error(s3.cli("verify", tmp_path).stderr, "no valid completion marker")
+
+
+@pytest.mark.parametrize("same_size", [True, False])
+def test_object_changed_after_push_fails_naming_the_file(
+    s3: S3Env, push_model: Callable[..., Pushed], tmp_path: Path, same_size: bool
+) -> None:
+    pushed = push_model()
+    name = "model-00002.safetensors"
+    data = bytearray((pushed.local / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    body = bytes(data) if same_size else bytes(data) + b"tail"
+    s3.client().put_object(Bucket=pushed.bucket, Key=f"{pushed.prefix}/{name}", Body=body)
+    dest = tmp_path / "vol" / "m"
+    proc = s3.cli("pull", pushed.url, dest, MODEL_STORE_PART_SIZE=PART)
+    assert proc.returncode == 1
+    one_line_error(proc.stderr, name, "changed after push", "nothing published")
+    assert not dest.exists() and not (dest / ".llmserve-complete.json").exists()
+
+
+def test_missing_bucket(s3: S3Env, tmp_path: Path) -> None:
+    dest = tmp_path / "new" / "deeper" / "m"
+    proc = s3.cli("pull", "s3://no-such-bucket/m/main", dest)
+    assert proc.returncode == 1
+    one_line_error(proc.stderr, "bucket 'no-such-bucket' does not exist")
+    assert not (tmp_path / "new").exists()  # the parents it created are gone too
+
+
+def test_missing_prefix(s3: S3Env, tmp_path: Path) -> None:
+    bucket = s3.bucket()
+    dest = tmp_path / "m"
+    proc = s3.cli("pull", f"s3://{bucket}/no/such/model", dest)
+    assert proc.returncode == 1
+    one_line_error(proc.stderr, f"no model at s3://{bucket}/no/such/model", MANIFEST_NAME)
+    assert_nothing_left(dest)
+
+
+def test_bad_credentials(tmp_path: Path) -> None:
+    # moto authenticates every request when INITIAL_NO_AUTH_ACTION_COUNT=0: an access key it has
+    # never issued is refused with InvalidAccessKeyId, as AWS S3 and MinIO do.
+    dest = tmp_path / "m"
+    with moto_server(tmp_path / "auth.log", {"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
+        proc = S3Env(endpoint, endpoint, Counter()).cli(
+            "pull", "s3://models/m/main", dest, timeout=60,
+            AWS_ACCESS_KEY_ID="AKIANOTAREALKEY00000", AWS_SECRET_ACCESS_KEY="wrong",
+        )
+    assert proc.returncode == 1
+    one_line_error(proc.stderr, "rejected the credentials (InvalidAccessKeyId)", "AWS_ACCESS_KEY_ID")
+    assert_nothing_left(dest)
+
+
+def test_unreachable_endpoint(s3: S3Env, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    closed = f"http://127.0.0.1:{free_port()}"
+    proc = s3.cli("pull", "s3://models/m/main", dest, "--endpoint-url", closed,
+                  "--max-attempts", "2", "--connect-timeout-s", "1")
+    assert proc.returncode == 1
+    one_line_error(proc.stderr, f"cannot reach the S3 endpoint {closed}")
+    assert_nothing_left(dest)
+
+
+def test_too_little_disk(s3: S3Env, push_model: Callable[..., Pushed], tmp_path: Path) -> None:
+    pushed = push_model()
+    dest = tmp_path / "m"
+    before = s3.counter.sent[pushed.bucket]
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    proc = s3.cli("pull", pushed.url, dest, MODEL_STORE_FREE_SPACE_MARGIN=str(free))
+    assert proc.returncode == 1
+    one_line_error(proc.stderr, "not enough free space on", "MB to fetch")
+    assert_nothing_left(dest)
+    assert s3.counter.sent[pushed.bucket] == before  # checked before the first GET of model data
