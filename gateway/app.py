@@ -17,6 +17,7 @@ from gateway.errors import install_handlers
 from gateway.flow.admission import Admission
 from gateway.flow.batcher import Batcher
 from gateway.flow.keys import KeyStore, load_keys
+from gateway.flow.pressure import PressureWatch
 from gateway.metrics import GatewayMetrics
 from gateway.routing.factory import build_router
 from gateway.routing.router import Router
@@ -78,16 +79,23 @@ def build_app(
     keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
     admission = Admission(settings.flow, metrics) if settings.flow.enabled else None
     state = GatewayState(settings, transport, router, metrics, admission, keys)
+    pressure = (PressureWatch(settings.flow, admission, router.backends, transport)
+                if admission is not None and settings.flow.scrape_engines else None)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Start-up: discovery and health probing begin; /ready turns 200 once a replica answers.
         await router.start()
+        # Admission also watches the engines' own queues (off the request path).
+        if pressure is not None:
+            await pressure.start()
         try:
             yield
         finally:
             # Shutdown: uvicorn has already drained in-flight requests (bounded by the drain
             # timeout); stop probing and close pooled upstream connections.
+            if pressure is not None:
+                await pressure.stop()
             if deps.batcher is not None:
                 await deps.batcher.close()
             await router.stop()

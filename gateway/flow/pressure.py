@@ -1,0 +1,119 @@
+"""Engine pressure: the engines' own queue and KV cache, scraped from their /metrics.
+
+The limiter's main signal is the TTFT it measures, which arrives one prefill late. vLLM reports
+trouble earlier: requests waiting inside the engine mean the gateway lets in more than the engine
+runs at once (its batch or KV cache is full), which is exactly the internal queueing admission
+control exists to prevent. So a pool backs off when one of its engines reports
+
+* waiting requests on two scrapes in a row (one scrape is often a request caught between its
+  arrival and the next engine step, which is not a backlog), or
+* KV cache usage at or above `kv_cache_high` (the engine is about to preempt).
+
+Off the hot path: one GET per backend per `scrape_interval_s`, in a background task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gateway.errors import GatewayError
+from gateway.flow.admission import Admission
+from gateway.routing.backend import Backend
+from gateway.settings import FlowSettings
+from gateway.transport.base import Transport
+
+log = logging.getLogger("gateway.flow.pressure")
+
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    waiting: float
+    kv_usage: float
+
+
+def parse_engine_load(text: str) -> EngineLoad | None:
+    """Sum of waiting requests and the highest KV usage over the engine's series; None if the
+    page has neither (not a vLLM engine, or an unknown version)."""
+    waiting = kv = 0.0
+    seen = False
+    for line in text.splitlines():
+        if line.startswith(WAITING) and line[len(WAITING)] in " {":
+            # `vllm:num_requests_waiting_by_reason` starts alike; the check above skips it.
+            waiting += _value(line)
+            seen = True
+        elif line.startswith(KV_USAGE) and line[len(KV_USAGE)] in " {":
+            kv = max(kv, _value(line))
+            seen = True
+    return EngineLoad(waiting, kv) if seen else None
+
+
+def _value(line: str) -> float:
+    try:
+        return float(line.rsplit(" ", 1)[1])
+    except (IndexError, ValueError):
+        return 0.0
+
+
+class PressureWatch:
+    """Scrapes every backend and calls `Pool.pressure()` for the models of a strained one."""
+
+    def __init__(self, settings: FlowSettings, admission: Admission,
+                 backends: Callable[[], list[Backend]], transport: Transport) -> None:
+        self._s = settings
+        self._admission = admission
+        self._backends = backends
+        self._transport = transport
+        self._waiting_before: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="engine-pressure")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def scrape_once(self) -> None:
+        backends = [b for b in self._backends() if b.probe_ok and b.models]
+        loads = await asyncio.gather(*(self._load(b.url) for b in backends))
+        waiting_now: set[str] = set()
+        strained: set[str] = set()
+        for b, load in zip(backends, loads, strict=True):
+            if load is None:
+                continue
+            if load.waiting > 0:
+                waiting_now.add(b.url)
+                if b.url in self._waiting_before:
+                    strained.update(b.models)
+            if load.kv_usage >= self._s.kv_cache_high:
+                strained.update(b.models)
+        self._waiting_before = waiting_now
+        self._apply(strained)
+
+    def _apply(self, models: Iterable[str]) -> None:
+        for m in models:
+            self._admission.pool(m).pressure()
+
+    async def _load(self, url: str) -> EngineLoad | None:
+        try:
+            status, body = await self._transport.get(url + "/metrics", self._s.scrape_interval_s)
+        except GatewayError:
+            return None
+        if status != 200:
+            return None
+        return parse_engine_load(body.decode("utf-8", "replace"))
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.scrape_once()
+            except Exception:  # a bug here must not stop admission control from working
+                log.exception("engine pressure scrape failed")
+            await asyncio.sleep(self._s.scrape_interval_s)
