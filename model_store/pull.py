@@ -122,7 +122,7 @@ def _pull_locked(settings: StoreSettings, src: S3Url, dest: Path, lease: Lease, 
         log(f"{dest} has no completion marker: checking its files against the manifest")
         os.rename(dest, staging)
     fresh = not staging.exists()
-    plan = load_plan(staging, manifest, settings.part_size, settings.concurrency)
+    plan = load_plan(staging, manifest, range_size(manifest, settings), settings.concurrency)
     _check_space(dest.parent, plan, settings.free_space_margin)
     if plan.verified or any(f.present for f in plan.todo):
         log(
@@ -142,6 +142,15 @@ def _pull_locked(settings: StoreSettings, src: S3Url, dest: Path, lease: Lease, 
     os.rename(staging, dest)
     write_marker(dest, source=str(src), files=manifest.files)
     log(f"{dest}: complete ({manifest.total_size / 1e6:,.1f} MB, {len(manifest.files)} files)")
+
+
+def range_size(manifest: Manifest, settings: StoreSettings) -> int:
+    """Bytes per ranged GET: `part_size` at least, larger while that still keeps `concurrency`
+    requests busy. Fewer, larger GETs cost less per byte (a single-range file is also hashed as it
+    streams, not read again), and resuming is by byte, not by range. Deterministic for a given
+    manifest and settings, so a restarted pull keeps its progress."""
+    share = -(-manifest.total_size // settings.concurrency)  # ceil
+    return max(int(settings.part_size), share)
 
 
 def plan_has_progress(plan: Plan) -> bool:

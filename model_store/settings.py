@@ -57,7 +57,7 @@ class StoreSettings(BaseSettings):
     concurrency: int = Field(8, ge=1, le=128, description="Parallel requests (GETs or part PUTs).")
     part_size: ByteSize = Field(
         ByteSize(64 * MiB),
-        description="Multipart part and ranged-GET size, e.g. 64MiB (5MiB..5GiB).",
+        description="Multipart part size, and the smallest ranged GET, e.g. 64MiB (5MiB..5GiB).",
     )
     free_space_margin: ByteSize = Field(
         ByteSize(64 * MiB),

@@ -58,6 +58,7 @@ class Chunk:
 class FilePlan:
     name: str
     entry: FileEntry
+    part_size: int  # the range size of this file's chunks (kept across restarts)
     chunks: list[Chunk] = field(default_factory=list)
 
     @property
@@ -121,18 +122,24 @@ def record_verified(staging: Path, name: str, entry: FileEntry) -> None:
         os.close(fd)
 
 
-def _load_progress(plan_file: FilePlan, path: Path, part_size: int) -> bool:
-    """Fill the chunks' `done` from the progress file; False if it is absent or stale."""
+def _load_progress(plan_file: FilePlan, path: Path) -> bool:
+    """Fill the chunks' `done` from the progress file; False if it is absent or stale.
+
+    The ranges are the ones the progress file was written with (its header), whatever the range
+    size of this run: a restart with other settings keeps the bytes already on disk."""
     try:
         raw = path.read_bytes()
     except OSError:
         return False
-    n = len(plan_file.chunks)
-    if len(raw) != _HEADER.size + n * _COUNT.size:
+    if len(raw) < _HEADER.size:
         return False
     digest, psize = _HEADER.unpack_from(raw)
-    if digest.decode("ascii", "replace") != plan_file.entry.sha256 or psize != part_size:
+    if digest.decode("ascii", "replace") != plan_file.entry.sha256 or psize < 1:
         return False
+    chunks = chunks_for(plan_file.entry.size, psize)
+    if len(raw) != _HEADER.size + len(chunks) * _COUNT.size:
+        return False
+    plan_file.part_size, plan_file.chunks = psize, chunks
     for c in plan_file.chunks:
         (done,) = _COUNT.unpack_from(raw, _HEADER.size + c.index * _COUNT.size)
         c.done = min(done, c.size)
@@ -153,11 +160,10 @@ def load_plan(staging: Path, manifest: Manifest, part_size: int, threads: int) -
             else:
                 unsure.append(name)  # e.g. a DEST renamed back after a crash before its marker
             continue
-        fp = FilePlan(name, entry, chunks_for(entry.size, part_size))
+        fp = FilePlan(name, entry, part_size=part_size)
         part = staging / PARTS / name
-        if not (part.is_file() and _load_progress(fp, staging / PROGRESS / name, part_size)):
-            for c in fp.chunks:
-                c.done = 0
+        if not (part.is_file() and _load_progress(fp, staging / PROGRESS / name)):
+            fp.part_size, fp.chunks = part_size, chunks_for(entry.size, part_size)
         todo.append(fp)
     # Files of the right size that nobody vouched for: hash them (local reads beat a re-download).
     with ThreadPoolExecutor(max(1, threads)) as pool:
@@ -167,7 +173,7 @@ def load_plan(staging: Path, manifest: Manifest, part_size: int, threads: int) -
         if digests[name] == entry.sha256:
             verified[name] = entry
         else:
-            todo.append(FilePlan(name, entry, chunks_for(entry.size, part_size)))
+            todo.append(FilePlan(name, entry, part_size, chunks_for(entry.size, part_size)))
     todo.sort(key=lambda f: f.name)
     return Plan(staging, manifest, part_size, verified, todo)
 
@@ -187,7 +193,8 @@ def prepare(plan: Plan) -> None:
         (plan.staging / fp.name).unlink(missing_ok=True)  # a wrong-sized or corrupt leftover
         if fp.present == 0:
             part.unlink(missing_ok=True)
-            header = _HEADER.pack(fp.entry.sha256.encode(), plan.part_size)
+            fp.chunks = chunks_for(fp.entry.size, fp.part_size)  # nothing on disk: start clean
+            header = _HEADER.pack(fp.entry.sha256.encode(), fp.part_size)
             prog.write_bytes(header + bytes(_COUNT.size * len(fp.chunks)))
 
 

@@ -58,6 +58,7 @@ def test_kill_9_mid_download_then_resume(
     dest = tmp_path / "vol" / "m"
     s3.counter.rate[bucket] = 4e6
     try:
+        # Concurrency 2 here, 8 on the restart: other range sizes, the same bytes kept.
         proc = _start(s3, pushed, dest, MODEL_STORE_CONCURRENCY="2")
         deadline = time.monotonic() + 60
         while s3.counter.sent[bucket] < 0.45 * total:

@@ -45,11 +45,15 @@ def test_marker_is_not_pushed_and_ls_shows_models(s3: S3Env, tmp_path: Path) -> 
     local = write_model(tmp_path / "m", {"a.bin": 1000})
     write_marker(local, "test", {})
     bucket = s3.bucket()
-    for prefix in ("llama/main", "llama/v2", "qwen/main"):
-        assert s3.cli("push", local, f"s3://{bucket}/{prefix}").returncode == 0
-    s3.client().put_object(Bucket=bucket, Key="half/a.bin", Body=b"x")  # no manifest: not a model
-    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert s3.cli("push", local, f"s3://{bucket}/llama/main").returncode == 0
+    client = s3.client()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]]
     assert not [k for k in keys if MARKER_NAME in k]
+    for prefix in ("llama/v2", "qwen/main"):  # two more models, copied server-side
+        for key in keys:
+            client.copy_object(Bucket=bucket, Key=key.replace("llama/main", prefix),
+                               CopySource={"Bucket": bucket, "Key": key})
+    client.put_object(Bucket=bucket, Key="half/a.bin", Body=b"x")  # no manifest: not a model
     listing = s3.cli("ls", f"s3://{bucket}")
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
