@@ -12,7 +12,9 @@ alternating order, pulls it with:
   splits files above 8 MiB into 8 MiB ranged GETs over 10 threads, one file at a time; no
   integrity check);
 * `single GET loop`: the same loop with multipart_threshold above the file size, i.e. one GET
-  stream per file, one file at a time.
+  stream per file, one file at a time;
+* `single GET + fsync`: that loop, each file fsync'ed after its download (pull makes every file
+  durable before it counts as verified and before the marker).
 
 MB/s = model bytes / wall time, medians over the rounds. Every run writes into a fresh directory
 that is deleted afterwards.
@@ -112,18 +114,23 @@ def main() -> None:
         keys = sorted(p.name for p in (work / "local").iterdir())
         single = TransferConfig(multipart_threshold=total + 1)
 
-        def loop(config: TransferConfig | None) -> Callable[[Path], None]:
+        def loop(config: TransferConfig | None, sync: bool = False) -> Callable[[Path], None]:
             def run(dest: Path) -> None:
                 dest.mkdir()
                 for k in keys:
                     kwargs = {"Config": config} if config else {}
                     client.download_file(BUCKET, src.key(k), str(dest / k), **kwargs)
+                    if sync:  # durable, as pull's files are before its marker
+                        fd = os.open(dest / k, os.O_RDONLY)
+                        os.fsync(fd)
+                        os.close(fd)
             return run
 
         runs: dict[str, Callable[[Path], Any]] = {
             "pull": lambda dest: pull(settings, src, dest, lambda _: None),
             "download_file loop": loop(None),
             "single GET loop": loop(single),
+            "single GET + fsync": loop(single, sync=True),
         }
         times: dict[str, list[float]] = {name: [] for name in runs}
         order = list(runs)
@@ -137,7 +144,7 @@ def main() -> None:
           f"medians of {args.repeats}:")
     for name, t in med.items():
         print(f"  {name:<20} {total / t / 1e6:8.1f} MB/s  ({t:.2f} s)")
-    for name in ("download_file loop", "single GET loop"):
+    for name in ("download_file loop", "single GET loop", "single GET + fsync"):
         print(f"  pull / {name}: x{med[name] / med['pull']:.2f}")
 
 if __name__ == "__main__":
