@@ -83,16 +83,20 @@ def test_disconnect_mid_stream_aborts_generation(stack: LocalStack, model_name: 
                   "max_tokens": 1500, "stream": True, "ignore_eos": True},
         ) as resp:
             assert resp.status_code == 200
+            # Hold the iterator: an abandoned async generator is closed by the event loop, and
+            # httpx then closes the response, i.e. disconnects before we mean to.
+            chunks = resp.aiter_bytes()
             seen: list[bytes] = []
-            async for chunk in resp.aiter_bytes():
+            async for chunk in chunks:
                 seen.append(chunk)
                 if len(seen) >= 3:
                     break
             # The stream must still be flowing (not ended early with an error event) ...
             assert len(seen) >= 3 and b"[DONE]" not in b"".join(seen), seen
-            # ... and the engine must report it: its gauges follow the engine's steps, which a
-            # loaded machine can run behind the tokens we already hold, so poll briefly.
-            assert await asyncio.to_thread(wait_running, stack, lambda n: n >= 1, 5.0) >= 1
+            # ... and the engine must report it: its gauge follows the engine's steps, which can
+            # trail the tokens we already hold, so poll briefly (off the event loop).
+            n = await asyncio.to_thread(wait_running, stack, lambda n: n >= 1, 5.0)
+            assert n >= 1, "the engines report no running request while the stream flows"
         # Leaving the block closes the connection mid-stream.
 
     asyncio.run(run())
