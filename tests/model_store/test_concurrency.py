@@ -99,3 +99,25 @@ def test_stale_lease_of_a_dead_puller_on_another_node_is_taken_over(
     assert time.monotonic() - started >= 1.5
     assert "pid 42 on node-that-died has not moved for 1.5s: taking over" in proc.stderr
     assert_same_model(dest, pushed.local)
+
+
+def test_ctrl_c_exits_130_and_releases_the_lease(
+    s3: S3Env, push_model: Callable[..., Pushed], tmp_path: Path
+) -> None:
+    pushed = push_model()
+    dest = tmp_path / "m"
+    s3.counter.rate[pushed.bucket] = 4e6
+    try:
+        proc = _start(s3, pushed, dest)
+        deadline = time.monotonic() + 60
+        while s3.counter.sent[pushed.bucket] < 2 * MiB:
+            assert proc.poll() is None and time.monotonic() < deadline, "pull ended too early"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        s3.counter.rate.pop(pushed.bucket)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted; nothing was published" in err
+    assert not dest.exists() and not lease_file(dest).exists()
+    assert staging_dir(dest).is_dir()  # kept for the next pull to resume
