@@ -30,6 +30,12 @@ def wait_http_ok(url: str, timeout_s: float, procs: list[Proc]) -> None:
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s")
 
 
+# The gateway's default TTFT target (4 s, 1 s of it queueing) suits GPU engines. One vLLM-CPU
+# replica per core takes 3-5 s to the first token of a 32-stream burst with nothing wrong, and at
+# that target admission control would refuse part of every burst the local stack can serve.
+CPU_FLOW_ARGS = ("--flow-ttft-target-s", "20", "--flow-queue-timeout-s", "5")
+
+
 @dataclass
 class LocalStack:
     model_dir: Path
@@ -77,10 +83,10 @@ class LocalStack:
 
     def start_gateway(self) -> None:
         argv = [sys.executable, "-m", "gateway", "--host", self.host,
-                "--port", str(self.gateway_port)]
+                "--port", str(self.gateway_port), *CPU_FLOW_ARGS]
         for url in self.worker_urls:
             argv += ["--backend", url]
-        argv += self.gateway_args
+        argv += self.gateway_args  # after the defaults above: argparse keeps the last value
         self.gateway_proc = Proc("gateway", argv, dict(os.environ), self.log_dir / "gateway.log")
 
     def wait_gateway(self, timeout_s: float = 60) -> None:

@@ -74,6 +74,19 @@ async def test_hopeless_wait_is_refused_at_once_with_computed_retry_after() -> N
     assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1
 
 
+async def test_a_wait_close_to_the_timeout_is_refused_at_once_not_after_it() -> None:
+    adm, m = admission(max_queue=100)  # queue timeout 0.2 s
+    pool = adm.pool("demo")
+    pool.try_acquire(), pool.try_acquire()
+    pool.drain.rate = 6.0  # the first in line expects ~0.17 s: inside the timeout, but barely
+    pool.drain._since = time.monotonic()
+    start = time.monotonic()
+    with pytest.raises(Unavailable):
+        await pool.acquire(adm.tenants.for_key(None), 1)
+    assert time.monotonic() - start < 0.05
+    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1
+
+
 async def test_full_queue_is_refused_at_once() -> None:
     adm, _ = admission(max_queue=0)
     pool = adm.pool("demo")

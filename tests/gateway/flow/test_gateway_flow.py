@@ -73,7 +73,8 @@ def test_tpm_counts_streamed_usage(upstreams: UpstreamFactory, tmp_path: Path) -
 
 async def test_overload_is_503_fast_and_admitted_ones_succeed(upstreams: UpstreamFactory) -> None:
     # Each stream takes ~0.4 s; the limit is 2 and at most 2 may wait: of 20 at once, 4 or so
-    # are served and the rest are refused at once.
+    # are served and the rest are refused at once (a loaded machine spreads the 20 arrivals out,
+    # so a few more may find a slot; the bounds allow for that, the refusals must still come).
     up = upstreams(tokens=20, token_delay_s=0.02)
     settings = {"initial_limit": 2, "min_limit": 1, "max_limit": 2, "max_queue": 2,
                 "queue_timeout_s": 1.0, "ttft_target_s": 5.0, "scrape_engines": False}
@@ -90,13 +91,13 @@ async def test_overload_is_503_fast_and_admitted_ones_succeed(upstreams: Upstrea
             text = (await c.get("/metrics")).text
         statuses = sorted(s for s, _, _ in results)
         assert set(statuses) <= {200, 503}
-        assert 2 <= statuses.count(200) <= 6, statuses
+        assert 2 <= statuses.count(200) <= 12 and statuses.count(503) >= 8, statuses
         for status, elapsed, r in results:
             if status == 503:
                 assert_openai_error(r, 503, "overloaded")
                 # Client, gateway and upstream share one process (and its GIL) here; the
                 # < 50 ms claim is measured out of process by bench/flow_engine.py.
-                assert elapsed < 0.25, elapsed
+                assert elapsed < 0.5, elapsed
         assert 'llmserve_concurrency_limit{pool="demo"}' in text
         assert 'llmserve_queue_depth{pool="demo"} 0.0' in text
         assert gw.metric("llmserve_rejections_total") == statuses.count(503)
