@@ -24,7 +24,6 @@ from gateway.flow.tenants import Tenant, Tenants
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
 
-
 # Queue a request only if it is expected to get its slot within this share of the queue timeout.
 # The estimate rests on a noisy drain rate, and a limit cut slows the drain for whoever already
 # waits; a request refused now hears so in milliseconds, one that times out waited the whole
