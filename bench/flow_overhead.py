@@ -56,6 +56,29 @@ def request_bytes(url: str, tokens: int) -> bytes:
             f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
+async def completion_latency(url: str, count: int) -> list[float]:
+    """Whole non-streaming /v1/completions answers at concurrency 1 (the batcher's case)."""
+    u = urlparse(url)
+    body = json.dumps({"model": "demo", "prompt": "hi", "max_tokens": 16}).encode()
+    raw = (f"POST /v1/completions HTTP/1.1\r\nhost: {u.hostname}:{u.port}\r\n"
+           f"authorization: Bearer {KEY}\r\ncontent-type: application/json\r\n"
+           f"content-length: {len(body)}\r\n\r\n").encode() + body
+    r, w = await asyncio.open_connection(u.hostname, u.port)
+    out: list[float] = []
+    for i in range(count + 20):
+        t0 = time.perf_counter()
+        w.write(raw)
+        head = await r.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"{url}: {head[:40]!r}")
+        n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await r.readexactly(n)
+        if i >= 20:  # the first ones warm the connection pools up
+            out.append(time.perf_counter() - t0)
+    w.close()
+    return out
+
+
 async def latency(url: str, tokens: int, count: int) -> Result:
     u = urlparse(url)
     raw = request_bytes(url, tokens)
@@ -98,6 +121,7 @@ def main() -> int:
             "--log-level warning ")
     variants = {
         "flow-off": "--no-flow-enabled --no-batch-enabled",
+        "batch-only": "--no-flow-enabled --batch-enabled",
         "flow-on": f"--api-keys-file {keys} --flow-enabled --batch-enabled "
                    "--flow-max-limit 4096 --flow-initial-limit 1024",
     }
@@ -113,7 +137,7 @@ def main() -> int:
             wait_ok(targets[-1][1] + "/ready")
         time.sleep(0.5)
         rows: dict[str, dict[str, list[float]]] = {
-            n: {"rps": [], "p50": [], "p99": []} for n, _ in targets}
+            n: {"rps": [], "p50": [], "p99": [], "c50": []} for n, _ in targets}
         for r in range(args.repeats):
             for name, url in targets:
                 rps = wrk_rps(url, args.tokens, args.concurrency, args.duration)
@@ -123,18 +147,22 @@ def main() -> int:
                 rows[name]["rps"].append(rps)
                 rows[name]["p50"].append(lat.p50 * 1e3)
                 rows[name]["p99"].append(lat.pct(0.99) * 1e3)
+                whole = asyncio.run(completion_latency(url, args.latency_requests))
+                rows[name]["c50"].append(statistics.median(whole) * 1e3)
                 print(f"round {r + 1} {name:9s} {rps:8.0f} req/s  TTFT p50 "
-                      f"{lat.p50 * 1e3:6.3f} ms  p99 {lat.pct(0.99) * 1e3:6.3f} ms", flush=True)
+                      f"{lat.p50 * 1e3:6.3f} ms  p99 {lat.pct(0.99) * 1e3:6.3f} ms  "
+                      f"completion p50 {statistics.median(whole) * 1e3:6.3f} ms", flush=True)
         med = {n: {k: statistics.median(v) for k, v in c.items()} for n, c in rows.items()}
         d = med["direct"]
         print(f"\nmedian of {args.repeats} rounds, {args.tokens}-token streams, "
               f"{args.concurrency} concurrent (wrk) for throughput, 1 for TTFT")
-        print("| path | streamed req/s | TTFT p50 (ms) | added TTFT p50 (ms) | TTFT p99 (ms) |")
-        print("|---|---|---|---|---|")
+        print("| path | streamed req/s | TTFT p50 (ms) | added TTFT p50 (ms) | TTFT p99 (ms) | "
+              "non-streamed completion p50 (ms) |")
+        print("|---|---|---|---|---|---|")
         for n, _ in targets:
             g = med[n]
             print(f"| {n} | {g['rps']:.0f} | {g['p50']:.3f} | {g['p50'] - d['p50']:+.3f} | "
-                  f"{g['p99']:.3f} |")
+                  f"{g['p99']:.3f} | {g['c50']:.3f} |")
     finally:
         for proc in procs:
             try:

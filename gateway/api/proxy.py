@@ -128,7 +128,7 @@ class ProxyEndpoint:
         pool = flow.pool(req.model)
         try:
             flow.check_limits(tenant, req.model)
-            if not pool.try_acquire():
+            if not pool.try_acquire(tenant.name, tenant.weight):
                 try:
                     await pool.acquire(tenant, tenant.priority_class(scope["headers"]))
                 except GatewayError:
@@ -142,7 +142,7 @@ class ProxyEndpoint:
         try:
             await self._forward(scope, req, raw, send, started, pool, tenant)
         finally:
-            pool.release()
+            pool.release(tenant.name)
 
     async def _forward(
         self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, started: float,

@@ -20,7 +20,7 @@ from gateway.errors import GatewayError, RateLimited, Unavailable
 from gateway.flow.limiter import AimdLimiter
 from gateway.flow.queue import FairQueue, QueueFull, Waiter
 from gateway.flow.retry_after import DrainRate, expected_wait, retry_after
-from gateway.flow.tenants import Tenant, Tenants
+from gateway.flow.tenants import ANONYMOUS, Tenant, Tenants
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
 
@@ -35,8 +35,8 @@ QUEUE_HEADROOM = 0.5
 class Pool:
     """One model's backends as admission sees them: limit, in-flight count, queue, drain rate."""
 
-    __slots__ = ("_clock", "_metrics", "_queue_time", "_settings", "drain", "in_flight",
-                 "limiter", "name", "queue")
+    __slots__ = ("_clock", "_metrics", "_queue_time", "_settings", "_weights", "by_tenant",
+                 "drain", "in_flight", "limiter", "name", "queue")
 
     def __init__(
         self, name: str, settings: FlowSettings, metrics: GatewayMetrics,
@@ -55,20 +55,54 @@ class Pool:
         self.queue = FairQueue(settings.max_queue)
         self.drain = DrainRate(clock)
         self.in_flight = 0
+        # Admitted requests per tenant (and its weight), for the fair-share check below.
+        self.by_tenant: dict[str, int] = {}
+        self._weights: dict[str, float] = {}
 
     # -- per request -----------------------------------------------------------------------------
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self, tenant: str = ANONYMOUS, weight: float = 1.0) -> bool:
         """The fast path: a free slot and nobody waiting for it."""
         if self.in_flight < self.limiter.limit and not self.queue._size:
-            self.in_flight += 1
+            self._take(tenant, weight)
             self._queue_time.observe(0.0)
             return True
         return False
 
+    def _take(self, tenant: str, weight: float) -> None:
+        self.in_flight += 1
+        bt = self.by_tenant
+        n = bt.get(tenant)
+        if n is None:
+            bt[tenant] = 1
+            self._weights[tenant] = weight
+        else:
+            bt[tenant] = n + 1
+
+    def under_share(self, tenant: Tenant) -> bool:
+        """True if `tenant` holds fewer slots than its weighted share of the limit among the
+        tenants holding slots now.
+
+        The queue alone cannot keep a light tenant's share: with a short queue timeout and slow
+        completions (seconds per stream) it holds only a request or two, so a newcomer is refused
+        at the door whenever a heavy tenant keeps it full. A tenant below its share therefore gets
+        a slot at once, even above the limit; the tenants above their share give the slots back
+        as their requests finish, because queued requests are only dispatched below the limit.
+        The overshoot is bounded by the under-served tenants' shares."""
+        mine = self.by_tenant.get(tenant.name, 0)
+        if len(self.by_tenant) - (mine > 0) == 0:
+            return False  # nobody else holds a slot: no share to defend
+        total = tenant.weight + sum(self._weights.get(t, 1.0) for t in self.by_tenant
+                                    if t != tenant.name)
+        return mine + 1 <= self.limiter.limit * tenant.weight / total
+
     async def acquire(self, tenant: Tenant, cls: int) -> None:
         """Wait for a slot; raises `Unavailable` (503 with Retry-After) when refused."""
-        if self.try_acquire():
+        if self.try_acquire(tenant.name, tenant.weight):
+            return
+        if self.under_share(tenant):
+            self._take(tenant.name, tenant.weight)
+            self._queue_time.observe(0.0)
             return
         s = self._settings
         rate = self.drain.current()
@@ -98,14 +132,20 @@ class Pool:
             raise self._refuse("queue_timeout", len(self.queue), self.drain.current()) from None
         except asyncio.CancelledError:
             if self._granted(w):
-                self.release()
+                self.release(tenant.name)
             else:
                 self.queue.remove(w)
             raise
         self._queue_time.observe(self._clock() - now)
 
-    def release(self) -> None:
+    def release(self, tenant: str = ANONYMOUS) -> None:
         self.in_flight -= 1
+        n = self.by_tenant[tenant] - 1
+        if n:
+            self.by_tenant[tenant] = n
+        else:
+            del self.by_tenant[tenant]
+            del self._weights[tenant]
         self.drain.tick(self._clock())
         if self.queue._size:
             self._dispatch()
@@ -127,7 +167,7 @@ class Pool:
                 return
             if w.future.done():  # cancelled in the same instant: not a taker
                 continue
-            self.in_flight += 1
+            self._take(w.tenant, w.weight)
             w.future.set_result(None)
 
     @staticmethod

@@ -143,3 +143,51 @@ async def test_priority_header_is_capped_by_the_key() -> None:
     assert capped.priority_class(hdr) == 2 and capped.priority_class([]) == 2
     assert vip.priority_class(hdr) == 0 and vip.priority_class([]) == 1
     assert vip.priority_class([(b"x-llmserve-priority", b"low")]) == 2
+
+
+def key(tenant: str, weight: float = 1.0) -> ApiKey:
+    return ApiKey(tenant, bytes(32), None, None, None, None, weight)
+
+
+async def test_a_tenant_below_its_share_gets_a_slot_even_when_a_heavy_one_fills_the_pool() -> None:
+    adm, _ = admission(initial_limit=4, max_limit=4, max_queue=100)
+    pool = adm.pool("demo")
+    heavy, light = adm.tenants.for_key(key("heavy")), adm.tenants.for_key(key("light"))
+    for _ in range(4):
+        await pool.acquire(heavy, 1)
+    pool.drain.rate = 0.5  # completions are slow: any wait would be refused at the door
+    pool.drain._since = time.monotonic()
+    with pytest.raises(Unavailable):
+        await pool.acquire(heavy, 1)  # above its share: the queue and its estimate apply
+    await pool.acquire(light, 1)  # 0 of a share of 2: admitted at once, above the limit
+    assert pool.in_flight == 5 and pool.by_tenant == {"heavy": 4, "light": 1}
+    await pool.acquire(light, 1)  # 1 of 2
+    with pytest.raises(Unavailable):
+        await pool.acquire(light, 1)  # its share is held: now it waits like anyone
+    for _ in range(4):
+        pool.release("heavy")
+    pool.release("light"), pool.release("light")
+    assert pool.in_flight == 0 and pool.by_tenant == {}
+
+
+async def test_weights_set_the_shares() -> None:
+    adm, _ = admission(initial_limit=8, max_limit=8, max_queue=100)
+    pool = adm.pool("demo")
+    big, small = adm.tenants.for_key(key("big", 3.0)), adm.tenants.for_key(key("small", 1.0))
+    for _ in range(8):
+        await pool.acquire(small, 1)
+    pool.drain.rate = 0.5
+    pool.drain._since = time.monotonic()
+    for _ in range(6):  # 3/4 of 8
+        await pool.acquire(big, 1)
+    with pytest.raises(Unavailable):
+        await pool.acquire(big, 1)
+    assert pool.by_tenant == {"small": 8, "big": 6}
+
+
+async def test_a_lone_tenant_never_jumps_its_own_queue() -> None:
+    adm, _ = admission(initial_limit=2, max_limit=2, max_queue=100)
+    pool = adm.pool("demo")
+    t = adm.tenants.for_key(key("only"))
+    await pool.acquire(t, 1), await pool.acquire(t, 1)
+    assert not pool.under_share(t)
