@@ -124,8 +124,27 @@ async def open_loop(url: str, model: str, tokens: int, rates: dict[str, float],
                 tasks.append(asyncio.create_task(stream_one(s, url, model, tokens, tenant)))
                 nxt += rng.expovariate(rate)
 
+        watch = asyncio.create_task(watch_limit(s, url))
         await asyncio.gather(*(arrivals(t, r) for t, r in rates.items()))
+        watch.cancel()
         return list(await asyncio.gather(*tasks))
+
+
+async def watch_limit(s: aiohttp.ClientSession, url: str) -> None:
+    """Print the gateway's concurrency limit once in a while (flow gateways only)."""
+    seen: list[str] = []
+    try:
+        while True:
+            await asyncio.sleep(5)
+            async with s.get(url + "/metrics") as r:
+                text = await r.text()
+            for line in text.splitlines():
+                if line.startswith("llmserve_concurrency_limit{"):
+                    seen.append(line.rsplit(" ", 1)[1].removesuffix(".0"))
+    except asyncio.CancelledError:
+        if seen:
+            print(f"         concurrency limit every 5 s: {' '.join(seen)}")
+        raise
 
 
 async def closed_loop(url: str, model: str, tokens: int, concurrency: int,

@@ -5,8 +5,12 @@ queueing plus prefill, without the gateway's queue (which the limit itself cause
 report waiting requests or a nearly full KV cache (scraped from their /metrics) count as a missed
 target too: work is piling up inside them, which is what the limit exists to prevent.
 
-- Target met while the limit is actually in use: additive increase, +1 per `limit` samples
-  (about +1 per round trip of the whole window).
+- Target met while the limit is actually in use: increase in proportion to the headroom,
+  `GROWTH * (1 - latency / target)` per sample, never less than `1 / limit` (classic additive
+  increase, +1 per round trip of the whole window, right at the target). Plain +1 per window was
+  measured far too slow on the real engine: with multi-second streams a window takes ~6 s, and the
+  limit crept from 32 to 39 in a minute while TTFT sat at half the target and half the offered
+  load was refused.
 - Target missed: multiplicative decrease, scaled by the overshoot (`target / latency`, never below
   half, never above `backoff`), at most once per round trip: samples from requests dispatched
   before the last decrease describe the old limit and are ignored.
@@ -16,6 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from time import monotonic
+
+# Limit added per good sample with no latency at all (half that at half the target): slots grow
+# about GROWTH x the admission rate while there is room, e.g. +1.4/s at 5.5 admissions/s.
+GROWTH = 0.25
 
 
 class AimdLimiter:
@@ -51,7 +59,8 @@ class AimdLimiter:
             return
         # Grow only when the limit binds: an idle pool proves nothing about a higher limit.
         if in_flight * 2 >= self.limit:
-            self._set(self._limit + 1.0 / self._limit)
+            room = 1.0 - latency_s / self._target
+            self._set(self._limit + max(1.0 / self._limit, GROWTH * room))
 
     def on_pressure(self) -> None:
         """The engines report queued requests or a full KV cache: back off (once per round)."""

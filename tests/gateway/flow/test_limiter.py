@@ -11,14 +11,20 @@ def make(clock: FakeClock, initial: int = 10) -> AimdLimiter:
                        clock=clock)
 
 
-def test_grows_additively_while_the_limit_binds(clock: FakeClock) -> None:
+def test_grows_with_the_headroom_while_the_limit_binds(clock: FakeClock) -> None:
     lim = make(clock)
-    for _ in range(9):
-        lim.on_sample(0.2, clock(), in_flight=10)
+    for _ in range(4):
+        lim.on_sample(0.2, clock(), in_flight=10)  # 80% headroom: +0.2 per sample
     assert lim.limit == 10
+    lim.on_sample(0.2, clock(), in_flight=10)
+    assert lim.limit == 11
+    near = make(clock)
+    for _ in range(9):
+        near.on_sample(0.99, clock(), in_flight=10)  # at the target: +1 per `limit` samples
+    assert near.limit == 10
     for _ in range(2):
-        lim.on_sample(0.2, clock(), in_flight=10)
-    assert lim.limit == 11  # about +1 per `limit` good samples
+        near.on_sample(0.99, clock(), in_flight=10)
+    assert near.limit == 11
     for _ in range(500):
         lim.on_sample(0.2, clock(), in_flight=lim.limit)
     assert lim.limit == 20  # ceiling
