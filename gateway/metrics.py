@@ -114,9 +114,13 @@ class GatewayMetrics:
         )
         self.rejections = Counter(
             "llmserve_rejections",
-            "Requests refused by admission control (rpm, tpm: 429; queue_full, queue_wait, "
-            "queue_timeout: 503)",
+            "Requests refused by admission control (rpm, tpm: 429; queue_full, queue_wait: 503)",
             ["pool", "reason"], registry=r,
+        )
+        self.queue_overflows = Counter(
+            "llmserve_queue_overflows",
+            "Queued requests sent above the concurrency limit at their queue deadline "
+            "(the wait estimate was too hopeful)", ["pool"], registry=r,
         )
         self.tenant_requests = Counter(
             "llmserve_tenant_requests", "Admitted requests per tenant (API key)", ["tenant"],

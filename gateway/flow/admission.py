@@ -6,8 +6,16 @@ integer compare and increment, no future, no task. Otherwise it waits in the poo
 
 A request that would wait past `queue_timeout_s` (estimated from the requests ahead of it and the
 pool's observed drain rate) is refused at once instead of timing out later: the client hears "retry
-in N s" within milliseconds. `queue_timeout` remains the net for estimates that were too hopeful.
-Every refusal carries a Retry-After computed from the same queue and rate, never a constant.
+in N s" within milliseconds. Every refusal carries a Retry-After computed from the same queue and
+rate, never a constant.
+
+A request that did get into the queue was promised service within the timeout, so when the
+estimate proves too hopeful (usually because the limit was cut while it waited) it is sent at its
+deadline, above the limit, rather than refused after a wasted second: every refusal stays fast,
+its TTFT stays within the target (queue timeout + the engines' share), and the overshoot is bounded
+by the few requests the estimate let into the queue (`llmserve_queue_overflows_total`). Measured on
+the real engine at 2x load, refusing them instead made 1 in 10 to 1 in 25 refusals take the whole
+timeout.
 """
 
 from __future__ import annotations
@@ -35,8 +43,8 @@ QUEUE_HEADROOM = 0.5
 class Pool:
     """One model's backends as admission sees them: limit, in-flight count, queue, drain rate."""
 
-    __slots__ = ("_clock", "_metrics", "_queue_time", "_settings", "_weights", "by_tenant",
-                 "drain", "in_flight", "limiter", "name", "queue")
+    __slots__ = ("_clock", "_metrics", "_overflows", "_queue_time", "_settings", "_weights",
+                 "by_tenant", "drain", "in_flight", "limiter", "name", "queue")
 
     def __init__(
         self, name: str, settings: FlowSettings, metrics: GatewayMetrics,
@@ -47,6 +55,7 @@ class Pool:
         self._clock = clock
         self._metrics = metrics
         self._queue_time = metrics.queue_time.labels(name)
+        self._overflows = metrics.queue_overflows.labels(name)
         self.limiter = AimdLimiter(
             initial=settings.initial_limit, floor=settings.min_limit, ceiling=settings.max_limit,
             target_s=settings.ttft_target_s - settings.queue_timeout_s, backoff=settings.backoff,
@@ -124,12 +133,12 @@ class Pool:
             async with asyncio.timeout(s.queue_timeout_s):
                 await w.future
         except TimeoutError:
-            if self._granted(w):
-                # The slot arrived in the same instant as the deadline: take it.
-                self._queue_time.observe(self._clock() - now)
-                return
-            self.queue.remove(w)
-            raise self._refuse("queue_timeout", len(self.queue), self.drain.current()) from None
+            if not self._granted(w):  # else the slot came in the same instant as the deadline
+                self.queue.remove(w)
+                self._take(tenant.name, tenant.weight)
+                self._overflows.inc()
+            self._queue_time.observe(self._clock() - now)
+            return
         except asyncio.CancelledError:
             if self._granted(w):
                 self.release(tenant.name)
@@ -181,12 +190,10 @@ class Pool:
         what = {
             "queue_full": "the queue is full",
             "queue_wait": "the queue is too long to be served in time",
-            "queue_timeout": "the request waited too long in the queue",
         }[reason]
         return Unavailable(
             f"model '{self.name}' is overloaded ({what}); retry after {wait:.0f}s",
-            code="overloaded" if reason != "queue_timeout" else "queue_timeout",
-            retry_after=wait,
+            code="overloaded", retry_after=wait,
         )
 
 
