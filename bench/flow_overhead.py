@@ -79,6 +79,34 @@ async def completion_latency(url: str, count: int) -> list[float]:
     return out
 
 
+async def rejection_latency(url: str, count: int) -> list[float]:
+    """Time to a 503 while the pool is full: one stream holds the only slot (limit 1, no queue)."""
+    u = urlparse(url)
+    host, port = u.hostname or "127.0.0.1", u.port or 80
+    body = json.dumps({"model": "demo", "prompt": "hi", "max_tokens": 16, "stream": True}).encode()
+    raw = (f"POST /v1/completions HTTP/1.1\r\nhost: {host}:{port}\r\n"
+           f"authorization: Bearer {KEY}\r\ncontent-type: application/json\r\n"
+           f"content-length: {len(body)}\r\n\r\n").encode() + body
+    hr, hw = await asyncio.open_connection(host, port)
+    hw.write(raw)  # the holder: a slow stream (the upstream sleeps before each event)
+    await hr.readuntil(b"\r\n\r\n")
+    r, w = await asyncio.open_connection(host, port)
+    out: list[float] = []
+    for i in range(count + 20):
+        t0 = time.perf_counter()
+        w.write(raw)
+        head = await r.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 503") or b"retry-after" not in head.lower():
+            raise RuntimeError(f"expected a 503 with Retry-After, got {head[:60]!r}")
+        n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await r.readexactly(n)
+        if i >= 20:
+            out.append(time.perf_counter() - t0)
+    w.close()
+    hw.close()
+    return out
+
+
 async def latency(url: str, tokens: int, count: int) -> Result:
     u = urlparse(url)
     raw = request_bytes(url, tokens)
@@ -152,6 +180,22 @@ def main() -> int:
                 print(f"round {r + 1} {name:9s} {rps:8.0f} req/s  TTFT p50 "
                       f"{lat.p50 * 1e3:6.3f} ms  p99 {lat.pct(0.99) * 1e3:6.3f} ms  "
                       f"completion p50 {statistics.median(whole) * 1e3:6.3f} ms", flush=True)
+        # Refusals: a second upstream streams slowly, behind a gateway with one slot and no queue.
+        slow_port, tight_port = free_port(), free_port()
+        procs.append(start(f"{sys.executable} -m bench.fake_upstream --port {slow_port} "
+                           "--tokens 16 --token-delay-s 5", "1"))
+        wait_ok(f"http://127.0.0.1:{slow_port}/health")
+        procs.append(start(
+            base.replace(upstream, f"http://127.0.0.1:{slow_port}").format(port=tight_port)
+            + f"--api-keys-file {keys} --flow-initial-limit 1 --flow-min-limit 1 "
+            "--flow-max-limit 1 --flow-max-queue 0 --no-flow-scrape-engines", "0"))
+        tight = f"http://127.0.0.1:{tight_port}"
+        wait_ok(tight + "/ready")
+        refusals = asyncio.run(rejection_latency(tight, args.latency_requests))
+        refusals.sort()
+        print(f"503 while full (concurrency 1, {len(refusals)} requests): p50 "
+              f"{statistics.median(refusals) * 1e3:.3f} ms, p99 "
+              f"{refusals[int(0.99 * len(refusals))] * 1e3:.3f} ms, max {refusals[-1] * 1e3:.3f} ms")
         med = {n: {k: statistics.median(v) for k, v in c.items()} for n, c in rows.items()}
         d = med["direct"]
         print(f"\nmedian of {args.repeats} rounds, {args.tokens}-token streams, "
