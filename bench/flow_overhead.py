@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from bench.gateway_overhead import free_port, start, wait_ok
+from bench.gateway_overhead import free_port, start, stop_all, wait_ok
 from bench.load import Conn, Result
 
 KEY = "sk-bench-overhead"
@@ -208,12 +208,7 @@ def main() -> int:
             print(f"| {n} | {g['rps']:.0f} | {g['p50']:.3f} | {g['p50'] - d['p50']:+.3f} | "
                   f"{g['p99']:.3f} | {g['c50']:.3f} |")
     finally:
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, 15)
-            except ProcessLookupError:
-                pass
-            proc.wait(10)
+        stop_all(procs)
     return 0
 
 

@@ -71,6 +71,16 @@ def start(cmd: str, cpu: str) -> subprocess.Popen[bytes]:
                             start_new_session=True)
 
 
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each process group started by `start`, then reap it."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, 15)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gateway_overhead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,12 +151,7 @@ def main() -> int:
             print(f"{n}: {g['rps']:.0f} streamed req/s ({g['rps'] / d['rps']:.2f}x direct); "
                   f"added TTFT p50 {g['p50'] - d['p50']:+.3f} ms, p99 {g['p99'] - d['p99']:+.3f} ms")
     finally:
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, 15)
-            except ProcessLookupError:
-                pass
-            proc.wait(10)
+        stop_all(procs)
     return 0
 
 
