@@ -34,11 +34,16 @@ def test_a_burst_gets_200s_and_fast_503s_only(stack: LocalStack, model_name: str
     assert set(statuses) <= {200, 503}, statuses
     # The pool's limit starts at 32 with a short queue: most of 160 at once must be refused ...
     assert 16 <= statuses.count(200) < 160 and statuses.count(503) > 0, statuses
+    refusals = []
     for status, elapsed, r in results:
         if status == 200:
             assert b"data: [DONE]" in r.content
         else:
             assert_openai_error(r, 503, "overloaded")
             assert float(r.headers["retry-after"]) >= 1
-            # ... at once, not after a wait (generous: client and engines share 2 cores here).
-            assert elapsed < 2.0, elapsed
+            refusals.append(elapsed)
+    # Refused at the door, not after a wait in the queue (the local stack's queue timeout is 5 s).
+    # Timed by this client, which opens 160 connections at once on 2 cores the engines keep busy,
+    # so the bounds are loose; bench/flow_overhead.py times the gateway's own path (~0.2 ms).
+    refusals.sort()
+    assert refusals[len(refusals) // 2] < 1.0 and refusals[-1] < 5.0, refusals
