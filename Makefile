@@ -37,9 +37,10 @@ model: install
 test: install model checkov-venv promtool
 	LLMSERVE_MODEL_DIR=$(abspath $(MODEL_DIR)) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The fast tier: no engines and no chart rendering (`make chart-test` has those), under a minute.
+# The fast tier, under a minute: no engines, no chart rendering (`make chart-test`), no loopback
+# S3 server (`pytest -m s3` runs those; their processes and transfers take ~40 s on their own).
 test-fast: install
-	$(BIN)/python -m pytest -m "not engine and not helm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine and not helm and not s3" $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check gateway worker model_store devstack tests bench

@@ -295,6 +295,9 @@ class _Protocol(asyncio.Protocol):
             return
         self.busy = True
         self.task = asyncio.ensure_future(self._serve(req))  # held: the loop keeps weak refs
+        # Also held by the upstream, which outlives a lost connection: stopping it cancels them.
+        self.u.tasks.add(self.task)
+        self.task.add_done_callback(self.u.tasks.discard)
 
     def _close_with(self, status: int, message: str) -> None:
         if self.transport is not None:
@@ -411,6 +414,7 @@ class FakeUpstream:
         self.host = "127.0.0.1"
         self.port = 0
         self.connections: set[_Protocol] = set()
+        self.tasks: set[asyncio.Future[None]] = set()
 
     def drop_connections(self) -> None:
         """Abort every open client connection (keep-alive ones included)."""
@@ -450,6 +454,10 @@ class _Running:
         self._server.close()
         # Idle keep-alive connections would otherwise outlive the server (and its loop).
         self.upstream.drop_connections()
+        # Requests still being answered (a slow stream, say) end here, not with the loop.
+        for task in list(self.upstream.tasks):
+            task.cancel()
+        await asyncio.gather(*self.upstream.tasks, return_exceptions=True)
         await self._server.wait_closed()
 
     def __enter__(self) -> FakeUpstream:

@@ -53,6 +53,31 @@ class _PoolCollector(Collector):
         return iter(())
 
 
+# (backend URL, available for routing, requests in flight), read at scrape time only.
+BackendView = Callable[[], Iterable[tuple[str, bool, int]]]
+
+
+class _BackendCollector(Collector):
+    """Per-backend gauges from the router's own state when Prometheus scrapes."""
+
+    def __init__(self) -> None:
+        self.view: BackendView | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("llmserve_backend_up", "1 if the backend is available for routing",
+                               labels=["backend"])
+        outstanding = GaugeMetricFamily("llmserve_backend_outstanding_requests",
+                                        "Requests in flight per backend", labels=["backend"])
+        for url, ok, n in (self.view() if self.view is not None else ()):
+            up.add_metric([url], 1.0 if ok else 0.0)
+            outstanding.add_metric([url], n)
+        yield up
+        yield outstanding
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
 _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -95,14 +120,8 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
-        self.backend_up = Gauge(
-            "llmserve_backend_up", "1 if the backend is available for routing", ["backend"],
-            registry=r,
-        )
-        self.backend_outstanding = Gauge(
-            "llmserve_backend_outstanding_requests", "Requests in flight per backend",
-            ["backend"], registry=r,
-        )
+        self.backends = _BackendCollector()
+        r.register(self.backends)
 
         # -- flow control (gateway/flow) ---------------------------------------------------------
         self.pools = _PoolCollector()

@@ -44,8 +44,6 @@ def build_routes(
 
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:
-        for b in router.backends():
-            metrics.backend_outstanding.labels(b.url).set(b.outstanding)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return api

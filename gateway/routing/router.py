@@ -151,6 +151,11 @@ class Router:
     def backends(self) -> list[Backend]:
         return list(self._backends.values())
 
+    def backend_states(self) -> list[tuple[str, bool, int]]:
+        """(url, available for routing, requests in flight) per backend, for the metrics."""
+        now = self._clock()
+        return [(b.url, b.available(now), b.outstanding) for b in self._backends.values()]
+
     # -- background ------------------------------------------------------------------------------
 
     def _rebuild_pools(self) -> None:

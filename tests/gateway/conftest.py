@@ -39,7 +39,9 @@ class RunningGateway:
 
 
 @contextlib.contextmanager
-def run_gateway(**settings: Any) -> Iterator[RunningGateway]:
+def run_gateway(*, expect_ready: bool = True, **settings: Any) -> Iterator[RunningGateway]:
+    """A gateway on a free port in a thread; waits until it is up and has probed every backend up
+    (unless told not to: a gateway whose backends are dead never gets there)."""
     port = free_port()
     s = GatewaySettings(host="127.0.0.1", port=port, health_interval_s=0.2, **settings)
     app = build_app(s)
@@ -51,7 +53,11 @@ def run_gateway(**settings: Any) -> Iterator[RunningGateway]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url + "/ready").status_code == 200 or not s.backends:
+            if not (expect_ready and s.backends):
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            # Every backend probed up, not just the first: tests of retries and balance need all.
+            elif RunningGateway(url, app).metric("llmserve_backend_up") == len(set(s.backends)):
                 break
         time.sleep(0.05)
     try:

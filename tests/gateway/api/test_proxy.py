@@ -111,10 +111,13 @@ def test_no_healthy_backend_is_503_with_retry_after() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    with run_gateway(backends=[dead]) as gw:
+    with run_gateway(backends=[dead], expect_ready=False) as gw:
         assert httpx.get(gw.url + "/ready").status_code == 503
         r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+        text = httpx.get(gw.url + "/metrics").text
+        assert f'llmserve_backend_up{{backend="{dead}"}} 0.0' in text
+        assert f'llmserve_backend_outstanding_requests{{backend="{dead}"}} 0.0' in text
 
 
 def test_unknown_model_is_404(upstreams: UpstreamFactory) -> None:
