@@ -15,38 +15,16 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from bench.gateway_overhead import free_port, start, stop_all, wait_ok
+from bench.gateway_overhead import free_port, start, stop_all, wait_ok, wrk_rps
 from bench.load import Conn, Result
 
 KEY = "sk-bench-overhead"
-_LUA = """
-wrk.method = "POST"
-wrk.body   = '{"model":"demo","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}'
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer %s"
-"""
-
-
-def wrk_rps(url: str, tokens: int, concurrency: int, duration_s: float) -> float:
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
-        fh.write(_LUA % (tokens, KEY))
-    out = subprocess.run(
-        ["taskset", "-c", "1", "wrk", "-t1", f"-c{concurrency}", f"-d{duration_s:g}s", "-s",
-         fh.name, url + "/v1/chat/completions"], capture_output=True, text=True, check=True,
-    ).stdout
-    os.unlink(fh.name)
-    if "Non-2xx" in out or "Socket errors" in out:
-        print(out, file=sys.stderr)
-    return float(out.split("Requests/sec:")[1].split()[0])
-
-
 def request_bytes(url: str, tokens: int) -> bytes:
     u = urlparse(url)
     body = json.dumps({"model": "demo", "stream": True, "max_tokens": tokens,
@@ -168,7 +146,8 @@ def main() -> int:
             n: {"rps": [], "p50": [], "p99": [], "c50": []} for n, _ in targets}
         for r in range(args.repeats):
             for name, url in targets:
-                rps = wrk_rps(url, args.tokens, args.concurrency, args.duration)
+                rps = wrk_rps(url, args.tokens, args.concurrency, args.duration,
+                              {"Authorization": f"Bearer {KEY}"})
                 lat = asyncio.run(latency(url, args.tokens, args.latency_requests))
                 if lat.errors:
                     print(f"{name}: {lat.errors} errors", file=sys.stderr)

@@ -30,12 +30,15 @@ wrk.headers["Content-Type"] = "application/json"
 """
 
 
-def wrk_rps(url: str, tokens: int, concurrency: int, duration_s: float) -> float:
+def wrk_rps(url: str, tokens: int, concurrency: int, duration_s: float,
+            headers: dict[str, str] | None = None) -> float:
     """Streamed requests/s measured by wrk (C): it leaves the shared core to the upstream."""
     import tempfile
 
+    lua = _WRK_LUA % tokens + "".join(
+        f'wrk.headers["{k}"] = "{v}"\n' for k, v in (headers or {}).items())
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
-        fh.write(_WRK_LUA % tokens)
+        fh.write(lua)
     out = subprocess.run(
         ["taskset", "-c", "1", "wrk", "-t1", f"-c{concurrency}", f"-d{duration_s:g}s", "-s",
          fh.name, url + "/v1/chat/completions"], capture_output=True, text=True, check=True,
