@@ -164,22 +164,16 @@ class ProxyEndpoint:
 
         tried: list[Backend] = []
         last_error: GatewayError | None = None
-        for attempt in range(d.settings.retries + 1):
-            backend = d.router.pick(model, tried)
+        for _ in range(d.settings.retries + 1):
+            backend = _next_replica(d, model, tried)
             if backend is None:
                 break
-            if attempt:
-                d.metrics.retries.labels(model).inc()
-            tried.append(backend)
-            backend.acquire()
             try:
                 done = await self._attempt(backend, req, raw, headers, send, started, pool,
                                            tenant)
             except GatewayError as exc:
                 # Nothing reached the client yet: safe to try another replica.
-                d.router.report_failure(backend)
-                d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
-                last_error = exc
+                last_error = _failed(d, model, backend, exc)
                 continue
             finally:
                 backend.release()
@@ -356,6 +350,25 @@ class ProxyEndpoint:
                 tenant.used(relay.prompt_tokens, relay.completion_tokens)
 
 
+def _next_replica(d: ProxyDeps, model: str, tried: list[Backend]) -> Backend | None:
+    """The next replica for `model` that is not in `tried`, acquired (the caller releases it);
+    every pick after the first is counted as a retry."""
+    backend = d.router.pick(model, tried)
+    if backend is not None:
+        if tried:
+            d.metrics.retries.labels(model).inc()
+        tried.append(backend)
+        backend.acquire()
+    return backend
+
+
+def _failed(d: ProxyDeps, model: str, backend: Backend, exc: GatewayError) -> GatewayError:
+    """Book a failed attempt on `backend` (passive health, metrics); returns `exc`."""
+    d.router.report_failure(backend)
+    d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
+    return exc
+
+
 def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
     """A whole-body POST with the proxy's replica choice and retries, for the batcher: nothing
     reaches a client here, so every failure may be retried on another replica."""
@@ -365,14 +378,10 @@ def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
         tried: list[Backend] = []
         last_error: GatewayError | None = None
         headers = {"content-type": "application/json"}
-        for attempt in range(d.settings.retries + 1):
-            backend = d.router.pick(model, tried)
+        for _ in range(d.settings.retries + 1):
+            backend = _next_replica(d, model, tried)
             if backend is None:
                 break
-            if attempt:
-                d.metrics.retries.labels(model).inc()
-            tried.append(backend)
-            backend.acquire()
             try:
                 resp = await d.transport.post(backend.url + path, body, headers, streaming=False)
                 try:
@@ -390,9 +399,7 @@ def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
                 d.metrics.requests.labels(model, backend.url, str(resp.status)).inc()
                 return resp.status, raw
             except GatewayError as exc:
-                d.router.report_failure(backend)
-                d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
-                last_error = exc
+                last_error = _failed(d, model, backend, exc)
             finally:
                 backend.release()
         raise last_error or Unavailable(

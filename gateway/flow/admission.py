@@ -99,10 +99,10 @@ class Pool:
         as their requests finish, because queued requests are only dispatched below the limit.
         The overshoot is bounded by the under-served tenants' shares."""
         mine = self.by_tenant.get(tenant.name, 0)
-        if len(self.by_tenant) - (mine > 0) == 0:
+        others = [t for t in self.by_tenant if t != tenant.name]
+        if not others:
             return False  # nobody else holds a slot: no share to defend
-        total = tenant.weight + sum(self._weights.get(t, 1.0) for t in self.by_tenant
-                                    if t != tenant.name)
+        total = tenant.weight + sum(self._weights[t] for t in others)
         return mine + 1 <= self.limiter.limit * tenant.weight / total
 
     async def acquire(self, tenant: Tenant, cls: int) -> None:
