@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from devstack.stack import LocalStack
+from tests.e2e.conftest import scrape
 from tests.e2e.test_errors_and_disconnect import assert_openai_error
 
 pytestmark = pytest.mark.engine
@@ -29,21 +30,34 @@ def test_a_burst_gets_200s_and_fast_503s_only(stack: LocalStack, model_name: str
                                      limits=limits) as c:
             return await asyncio.gather(*(one(c) for _ in range(160)))
 
+    def door_refusals() -> float:
+        m = scrape(stack.gateway_url)
+        return sum(v for k, v in m.items() if k.startswith("llmserve_rejections_total{")
+                   and ('reason="queue_full"' in k or 'reason="queue_wait"' in k))
+
+    before = door_refusals()
     results = asyncio.run(burst())
+    after = door_refusals()
     statuses = [s for s, _, _ in results]
     assert set(statuses) <= {200, 503}, statuses
     # The pool's limit starts at 32 with a short queue: most of 160 at once must be refused ...
     assert 16 <= statuses.count(200) < 160 and statuses.count(503) > 0, statuses
-    refusals = []
+    refusals, served = [], []
     for status, elapsed, r in results:
         if status == 200:
             assert b"data: [DONE]" in r.content
+            served.append(elapsed)
         else:
             assert_openai_error(r, 503, "overloaded")
             assert float(r.headers["retry-after"]) >= 1
             refusals.append(elapsed)
-    # Refused at the door, not after a wait in the queue (the local stack's queue timeout is 5 s).
-    # Timed by this client, which opens 160 connections at once on 2 cores the engines keep busy,
-    # so the bounds are loose; bench/flow_overhead.py times the gateway's own path (~0.2 ms).
+    # Every 503 was decided at the door (queue full, or a wait longer than the queue timeout),
+    # none after a wait in the queue: the gateway counts each refusal by reason.
+    assert after - before == len(refusals), (before, after, len(refusals))
+    # Wall-clock bounds do not belong here: this client opens 160 connections at once on 2 cores
+    # that the engines keep busy, and one CI run saw every answer, 503 or not, take >= 0.88 s.
+    # Side by side in the same run, though, the typical refusal must come back before the typical
+    # admitted stream has finished. The gateway's own refusal time: bench/flow_overhead.py.
     refusals.sort()
-    assert refusals[len(refusals) // 2] < 1.0 and refusals[-1] < 5.0, refusals
+    served.sort()
+    assert refusals[len(refusals) // 2] < served[len(served) // 2], (refusals, served)
