@@ -70,7 +70,7 @@ async def test_hopeless_wait_is_refused_at_once_with_computed_retry_after() -> N
     start = time.monotonic()
     with pytest.raises(Unavailable) as info:
         await pool.acquire(t, 1)
-    assert time.monotonic() - start < 0.05
+    assert time.monotonic() - start < 0.1  # refused at once, not after the 0.2 s timeout
     assert info.value.retry_after == pytest.approx(1.0)  # clamped minimum
     assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1
 
@@ -84,7 +84,7 @@ async def test_a_wait_close_to_the_timeout_is_refused_at_once_not_after_it() -> 
     start = time.monotonic()
     with pytest.raises(Unavailable):
         await pool.acquire(adm.tenants.for_key(None), 1)
-    assert time.monotonic() - start < 0.05
+    assert time.monotonic() - start < 0.1  # refused at once, not after the 0.2 s timeout
     assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1
 
 

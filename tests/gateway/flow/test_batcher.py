@@ -93,7 +93,7 @@ async def test_idle_adds_no_window_and_single_request_is_sent_as_is() -> None:
     b = make(engine, max_delay_s=0.5)
     t0 = time.perf_counter()
     r = await b.submit("demo", req("solo"), batch_key(req("solo")) or b"")
-    assert time.perf_counter() - t0 < 0.01
+    assert time.perf_counter() - t0 < 0.1  # far below the 0.5 s window (bench: +0.05 ms at c=1)
     assert engine.calls == [req("solo")]  # untouched: no list, no return_token_ids
     assert r.status == 200 and r.prompt_tokens == 4
 

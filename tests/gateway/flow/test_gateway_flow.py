@@ -46,9 +46,10 @@ def test_rpm_limit_is_429_fast_with_retry_after(upstreams: UpstreamFactory,
         with httpx.Client(base_url=gw.url) as c:
             for _ in range(3):
                 assert c.post("/v1/completions", json=BODY, headers=auth("sk-small")).is_success
-            t0 = time.perf_counter()
+            sent = up.completions
             r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
-            assert time.perf_counter() - t0 < 0.05
+            # Refused before any upstream work (the < 50 ms figure is bench/flow_overhead.py's).
+            assert up.completions == sent
             assert_openai_error(r, 429, "rate_limit_exceeded")
             assert 15 <= int(r.headers["retry-after"]) <= 21  # 3/min: one back every 20 s
             # Another key is not affected.
