@@ -200,14 +200,17 @@ class ProxyEndpoint:
         try:
             result = await batcher.submit(req.model, req.body, key)
         except GatewayError as exc:
+            self._d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
             await send_error(send, exc)
             return
         body = result.body
         if result.status != 200:
             body = normalize_upstream_error(result.status, body)
         await _send_json(send, result.status, body)
+        m = self._d.metrics
+        # Once per client request, not per upstream call: a batch of N answers N requests.
+        m.requests.labels(req.model, result.backend, str(result.status)).inc()
         if result.status == 200:
-            m = self._d.metrics
             now = asyncio.get_running_loop().time()
             m.ttft.labels(req.model).observe(now - started)
             m.e2e.labels(req.model).observe(now - started)
@@ -373,7 +376,7 @@ def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
     """A whole-body POST with the proxy's replica choice and retries, for the batcher: nothing
     reaches a client here, so every failure may be retried on another replica."""
 
-    async def call(model: str, body: bytes) -> tuple[int, bytes]:
+    async def call(model: str, body: bytes) -> tuple[int, bytes, str]:
         d = deps
         tried: list[Backend] = []
         last_error: GatewayError | None = None
@@ -396,8 +399,7 @@ def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
                         f"{raw[:200].decode('utf-8', 'replace')}"
                     )
                 d.router.report_success(backend)
-                d.metrics.requests.labels(model, backend.url, str(resp.status)).inc()
-                return resp.status, raw
+                return resp.status, raw, backend.url
             except GatewayError as exc:
                 last_error = _failed(d, model, backend, exc)
             finally:

@@ -34,8 +34,9 @@ from gateway.settings import BatchSettings
 
 log = logging.getLogger("gateway.batcher")
 
-# (model, request body) -> (status, response body); raises GatewayError when no replica answers.
-UpstreamCall = Callable[[str, bytes], Awaitable[tuple[int, bytes]]]
+# (model, request body) -> (status, response body, URL of the replica that answered); raises
+# GatewayError when no replica answers.
+UpstreamCall = Callable[[str, bytes], Awaitable[tuple[int, bytes, str]]]
 _TOKEN_FIELDS = ("token_ids", "prompt_token_ids")
 
 
@@ -45,6 +46,7 @@ class BatchResult:
     body: bytes
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    backend: str = ""  # the replica that answered: the proxy counts each client request there
 
 
 @dataclass(slots=True, eq=False)
@@ -165,8 +167,8 @@ class Batcher:
 
     async def _single(self, batch: _Batch, mem: _Member) -> None:
         body = orjson.dumps({**batch.template, "prompt": mem.prompt})
-        status, raw = await self._call(batch.model, body)
-        result = BatchResult(status, raw)
+        status, raw, backend = await self._call(batch.model, body)
+        result = BatchResult(status, raw, backend=backend)
         if status == 200:
             usage = _usage(raw)
             result.prompt_tokens, result.completion_tokens = usage
@@ -178,7 +180,7 @@ class Batcher:
         asked_ids = bool(template.get("return_token_ids"))
         body = orjson.dumps({**template, "prompt": [mem.prompt for mem in live],
                              "return_token_ids": True})
-        status, raw = await self._call(batch.model, body)
+        status, raw, backend = await self._call(batch.model, body)
         if 400 <= status < 500:
             # One member's fault fails the whole batch upstream: let each answer for itself.
             await asyncio.gather(*(self._single(batch, mem) for mem in live))
@@ -186,10 +188,11 @@ class Batcher:
         if status != 200:
             for mem in live:
                 if not mem.future.done():
-                    mem.future.set_result(BatchResult(status, raw))
+                    mem.future.set_result(BatchResult(status, raw, backend=backend))
             return
         for mem, result in zip(live, split(raw, [mem.prompt for mem in live], asked_ids),
                                strict=True):
+            result.backend = backend
             if not mem.future.done():
                 mem.future.set_result(result)
 

@@ -22,13 +22,14 @@ class FakeEngine:
         self.bad_word = bad_word
         self.token_ids = token_ids
 
-    async def __call__(self, model: str, body: bytes) -> tuple[int, bytes]:
+    async def __call__(self, model: str, body: bytes) -> tuple[int, bytes, str]:
         req = orjson.loads(body)
         self.calls.append(req)
         await asyncio.sleep(self.latency_s)
         prompts = req["prompt"] if isinstance(req["prompt"], list) else [req["prompt"]]
         if self.bad_word and any(self.bad_word in p for p in prompts):
-            return 400, b'{"error":{"message":"bad prompt","type":"BadRequestError","code":400}}'
+            return (400, b'{"error":{"message":"bad prompt","type":"BadRequestError","code":400}}',
+                    "http://replica")
         choices = []
         for i, p in enumerate(prompts):
             c: dict[str, Any] = {"index": i, "text": p.upper() * 2, "finish_reason": "length"}
@@ -40,7 +41,7 @@ class FakeEngine:
         return 200, orjson.dumps({"id": "cmpl-x", "object": "text_completion", "created": 1,
                                   "model": model, "choices": choices,
                                   "usage": {"prompt_tokens": pt, "completion_tokens": 2 * pt,
-                                            "total_tokens": 3 * pt}})
+                                            "total_tokens": 3 * pt}}), "http://replica"
 
 
 def make(engine: FakeEngine, queued: int = 0, **kw: Any) -> Batcher:
