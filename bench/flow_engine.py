@@ -13,7 +13,8 @@ Phases (each waits until the engines are idle again, so one cannot tax the next)
 2. overload: open-loop Poisson arrivals at `--overload`x that rate for `--duration` s, first
    through `flow`, then through `plain`. Per gateway: statuses, rejection latency, Retry-After
    and error shape on every rejection, TTFT p50/p99 of admitted requests, and TTFT p99 per
-   third of the run (a pass-through gateway's grows as the engines' backlog does);
+   third of the run (a pass-through gateway's grows as the engines' backlog does), and the
+   gateway process's CPU time against its time waiting for a core;
 3. fairness: the same total load through `flow`, tenant `heavy` sending 10x the rate of `light`;
    light's fair share is all it asks for (it wants less than half the capacity);
 4. batching: short non-streaming /v1/completions at `--batch-concurrency`, closed loop,
@@ -184,6 +185,19 @@ async def batch_round(url: str, model: str, concurrency: int, n: int) -> tuple[f
         return (n - bad) / (time.perf_counter() - t0), bad
 
 
+def sched_s(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) over all threads of `pid`, from
+    /proc/<pid>/task/*/schedstat: how much of a latency tail is just waiting for a core."""
+    run = wait = 0
+    for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+        try:
+            fields = (task / "schedstat").read_text().split()
+        except OSError:
+            continue
+        run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run / 1e9, wait / 1e9
+
+
 def wait_idle(stack: LocalStack, timeout_s: float = 300) -> None:
     """Until no worker reports running or waiting requests."""
     import httpx
@@ -317,9 +331,14 @@ def main() -> int:
         if "overload" in phases:
             print(f"overload: {rate:.2f} req/s offered ({args.overload}x) for {args.duration:.0f} s")
             for name in ("flow", "plain"):
+                gw_pid = next(p.pid for p in gws.procs if p.name == f"gateway-{name}")
+                before = sched_s(gw_pid)
                 res = asyncio.run(open_loop(u[name], model, args.tokens, {"light": rate},
                                             args.duration, timeout_s=600))
                 report_overload(name, res, args.duration)
+                run, wait = (b - a for a, b in zip(before, sched_s(gw_pid), strict=True))
+                print(f"         gateway process: {run:.2f} s on a CPU, {wait:.2f} s runnable "
+                      "but waiting for one")
                 wait_idle(stack)
         if "fairness" in phases:
             print(f"fairness: {rate:.2f} req/s offered through flow, heavy:light = 10:1")
