@@ -240,11 +240,7 @@ class ProxyEndpoint:
             if resp.status != 200:
                 body = await resp.read()
                 resp.release()
-                if resp.status >= 500:
-                    raise UpstreamFailed(
-                        f"replica answered HTTP {resp.status}: "
-                        f"{body[:200].decode('utf-8', 'replace')}"
-                    )
+                _raise_if_server_error(resp.status, body)
                 # A 4xx is the caller's problem, not the replica's: no retry, no ejection.
                 d.router.report_success(backend)
                 await _send_json(send, resp.status, normalize_upstream_error(resp.status, body))
@@ -365,6 +361,14 @@ def _next_replica(d: ProxyDeps, model: str, tried: list[Backend]) -> Backend | N
     return backend
 
 
+def _raise_if_server_error(status: int, body: bytes) -> None:
+    """A 5xx is the replica's failure (retry elsewhere, count towards ejection); a 4xx is not."""
+    if status >= 500:
+        raise UpstreamFailed(
+            f"replica answered HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
+        )
+
+
 def _failed(d: ProxyDeps, model: str, backend: Backend, exc: GatewayError) -> GatewayError:
     """Book a failed attempt on `backend` (passive health, metrics); returns `exc`."""
     d.router.report_failure(backend)
@@ -393,11 +397,7 @@ def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
                     resp.close()
                     raise
                 resp.release()
-                if resp.status >= 500:
-                    raise UpstreamFailed(
-                        f"replica answered HTTP {resp.status}: "
-                        f"{raw[:200].decode('utf-8', 'replace')}"
-                    )
+                _raise_if_server_error(resp.status, raw)
                 d.router.report_success(backend)
                 return resp.status, raw, backend.url
             except GatewayError as exc:
