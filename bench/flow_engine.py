@@ -15,6 +15,8 @@ Phases (each waits until the engines are idle again, so one cannot tax the next)
    and error shape on every rejection, TTFT p50/p99 of admitted requests, and TTFT p99 per
    third of the run (a pass-through gateway's grows as the engines' backlog does), and the
    gateway process's CPU time against its time waiting for a core;
+   With --engine-nice 0,10 it first alternates flow rounds with the engines' sessions at each
+   CPU priority, to show what the stack's default (10) buys the gateway on shared cores;
 3. fairness: the same total load through `flow`, tenant `heavy` sending 10x the rate of `light`;
    light's fair share is all it asks for (it wants less than half the capacity);
 4. batching: short non-streaming /v1/completions at `--batch-concurrency`, closed loop,
@@ -198,6 +200,22 @@ def sched_s(pid: int) -> tuple[float, float]:
     return run / 1e9, wait / 1e9
 
 
+def set_engine_nice(stack: LocalStack, nice: int) -> list[str]:
+    """Set the autogroup nice of every session under the workers: what decides CPU shares
+    between sessions when the kernel groups by session (sched_autogroup_enabled=1). A plain
+    renice only weighs a process against others of its own session, and the worker launcher
+    starts vLLM in a session of its own."""
+    done: list[str] = []
+    for proc in stack.worker_procs:
+        for pgid in proc.descendant_groups() | {proc.pid}:
+            try:
+                Path(f"/proc/{pgid}/autogroup").write_text(str(nice))
+                done.append(Path(f"/proc/{pgid}/autogroup").read_text().strip())
+            except OSError:
+                continue
+    return done
+
+
 def wait_idle(stack: LocalStack, timeout_s: float = 300) -> None:
     """Until no worker reports running or waiting requests."""
     import httpx
@@ -237,6 +255,19 @@ def start_gateways(stack: LocalStack, logs: Path, base_port: int, extra: list[st
     for name, url in g.urls.items():
         wait_http_ok(url + "/ready", 60, g.procs)
     return g
+
+
+def overload_round(label: str, gws: Gateways, name: str, model: str, rate: float,
+                   args: argparse.Namespace) -> None:
+    """One open-loop overload run through gateway `name`, reported with its scheduler figures."""
+    gw_pid = next(p.pid for p in gws.procs if p.name == f"gateway-{name}")
+    before = sched_s(gw_pid)
+    res = asyncio.run(open_loop(gws.urls[name], model, args.tokens, {"light": rate},
+                                args.duration, timeout_s=600))
+    report_overload(label, res, args.duration)
+    run, wait = (b - a for a, b in zip(before, sched_s(gw_pid), strict=True))
+    print(f"         gateway process: {run:.2f} s on a CPU, {wait:.2f} s runnable but waiting "
+          "for one", flush=True)
 
 
 def report_overload(name: str, res: list[Outcome], duration_s: float) -> None:
@@ -305,6 +336,11 @@ def main() -> int:
     p.add_argument("--batch-concurrency", type=int, default=64)
     p.add_argument("--batch-requests", type=int, default=256, help="requests per batching round")
     p.add_argument("--rounds", type=int, default=3, help="batching rounds per variant")
+    p.add_argument("--engine-nice", default="",
+                   help="comma-separated autogroup nice values for the engines' sessions (the "
+                        "stack starts them at 10): before the overload phase, a flow round runs "
+                        "once per value, alternating, --nice-rounds times")
+    p.add_argument("--nice-rounds", type=int, default=1)
     p.add_argument("--gateway-arg", action="append", default=[],
                    help="extra flag for the flow gateways, e.g. --gateway-arg=--flow-ttft-target-s=2")
     args = p.parse_args()
@@ -330,15 +366,16 @@ def main() -> int:
         rate = cap * args.overload
         if "overload" in phases:
             print(f"overload: {rate:.2f} req/s offered ({args.overload}x) for {args.duration:.0f} s")
+            nices = [int(x) for x in args.engine_nice.split(",") if x]
+            for r in range(args.nice_rounds if nices else 0):
+                for nice in nices:
+                    print(f"  round {r + 1}, engines' autogroups: {set_engine_nice(stack, nice)}")
+                    overload_round(f"flow nice {nice}", gws, "flow", model, rate, args)
+                    wait_idle(stack)
+            if nices:
+                set_engine_nice(stack, stack.engine_nice)
             for name in ("flow", "plain"):
-                gw_pid = next(p.pid for p in gws.procs if p.name == f"gateway-{name}")
-                before = sched_s(gw_pid)
-                res = asyncio.run(open_loop(u[name], model, args.tokens, {"light": rate},
-                                            args.duration, timeout_s=600))
-                report_overload(name, res, args.duration)
-                run, wait = (b - a for a, b in zip(before, sched_s(gw_pid), strict=True))
-                print(f"         gateway process: {run:.2f} s on a CPU, {wait:.2f} s runnable "
-                      "but waiting for one")
+                overload_round(name, gws, name, model, rate, args)
                 wait_idle(stack)
         if "fairness" in phases:
             print(f"fairness: {rate:.2f} req/s offered through flow, heavy:light = 10:1")

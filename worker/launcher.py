@@ -98,6 +98,31 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def yield_cpu(pid: int, nice: int) -> None:
+    """Lower the CPU priority of the engine's session, best effort.
+
+    With autogroup scheduling (sched_autogroup_enabled=1, the default on most distributions) the
+    kernel first shares the CPUs between sessions, weighted by each session's autogroup nice; a
+    process's own nice only weighs it against the rest of its session. The engine runs in a
+    session of its own, so a plain renice changes nothing against a gateway on the same cores
+    (measured: refusal p99 unchanged), while the autogroup's nice does. The process nice is set as
+    well for kernels without autogroup; vLLM forks its EngineCore after seconds of imports, and
+    the child inherits it.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError as exc:
+        logger.warning("cannot renice vLLM (pid %d) to %d: %s", pid, nice, exc)
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice), encoding="ascii")
+    except FileNotFoundError:
+        pass  # a kernel built without autogroup: the process nice is what counts
+    except OSError as exc:
+        logger.warning("cannot set vLLM's autogroup nice to %d: %s", nice, exc)
+    else:
+        logger.info("vLLM's session yields the CPU: nice %d", nice)
+
+
 class Launcher:
     def __init__(
         self,
@@ -165,6 +190,8 @@ class Launcher:
         except OSError as exc:
             raise EngineStartError(f"cannot start {self.command.argv[0]!r}: {exc}") from None
         logger.info("started vLLM: pid=%d (own process group)", self.process.pid)
+        if self.settings.nice:
+            yield_cpu(self.process.pid, self.settings.nice)
 
     def main_loop(self) -> None:
         assert self.process is not None

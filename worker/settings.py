@@ -134,6 +134,14 @@ class WorkerSettings(BaseSettings):
     drain_timeout_s: float = Field(
         30.0, ge=0, description="Seconds between SIGTERM and SIGKILL of the engine's process group."
     )
+    nice: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="Lower the engine's CPU priority by this nice value (its session's autogroup "
+        "and its processes), so that a gateway sharing the cores is served first; 0 on a node of "
+        "its own. The local stack uses 10.",
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -187,3 +187,29 @@ def test_an_engine_crash_is_reported_and_its_orphans_are_killed(
     assert launcher.returncode == 3
     assert "vLLM exited by itself with status 3" in stderr
     assert group_members(int(api)) == [] and not alive(int(child))
+
+
+def test_nice_lowers_the_engine_sessions_priority(
+    tmp_path: Path, spawner: Spawner, make_model_dir: ModelDirFactory
+) -> None:
+    pidfile = tmp_path / "pids"
+    launcher = spawner.start(
+        [sys.executable, str(RUN_LAUNCHER), str(make_model_dir()), "5", "--",
+         sys.executable, str(FAKE_ENGINE), str(pidfile), "--polite"],
+        stderr=subprocess.PIPE,
+        env={"WORKER_NICE": "7"},
+    )
+    api, child = read_pids(pidfile, launcher)
+    spawner.track(api)
+    assert os.getpriority(os.PRIO_PROCESS, api) == 7
+    assert os.getpriority(os.PRIO_PROCESS, launcher.pid) == os.getpriority(os.PRIO_PROCESS, 0)
+    autogroup = Path(f"/proc/{api}/autogroup")
+    if autogroup.exists():
+        # The whole session shares one autogroup; its nice is what weighs against other sessions.
+        assert autogroup.read_text().split()[-1] == "7"
+        assert Path(f"/proc/{child}/autogroup").read_text() == autogroup.read_text()
+        assert Path(f"/proc/{launcher.pid}/autogroup").read_text() != autogroup.read_text()
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=20)
+    assert launcher.returncode == 0
+    assert "nice 7" in stderr
