@@ -29,6 +29,16 @@ Metrics: {url}/metrics   Logs: {logs}/   Stop: Ctrl-C
 """
 
 
+def nice_value(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a nice value from 0 to 19")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m devstack", description=__doc__)
     p.add_argument("--model-dir", type=Path, required=True, help="bootstrapped model directory")
@@ -36,12 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8000, help="gateway port")
     p.add_argument("--worker-base-port", type=int, default=8101, help="first worker port")
     p.add_argument("--log-dir", type=Path, default=Path("run/logs"), help="process logs")
+    p.add_argument("--engine-nice", type=nice_value, default=10, metavar="0-19",
+                   help="CPU nice of the engines' sessions, so the gateway sharing these cores "
+                        "answers first (worker --nice); 0 to treat them as equals")
     args = p.parse_args(argv)
     if args.workers < 1:
         p.exit(2, "--workers must be >= 1\n")
 
     stack = LocalStack(args.model_dir, workers=args.workers, gateway_port=args.port,
-                       worker_base_port=args.worker_base_port, log_dir=args.log_dir)
+                       worker_base_port=args.worker_base_port, log_dir=args.log_dir,
+                       engine_nice=args.engine_nice)
     stopping = False
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
