@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
@@ -45,6 +46,7 @@ import aiohttp
 from devstack.procs import Proc
 from devstack.stack import LocalStack, wait_http_ok
 from gateway.flow.keys import hash_key
+from worker.launcher import yield_cpu
 
 KEYS = {"heavy": "sk-bench-heavy", "light": "sk-bench-light"}
 
@@ -201,18 +203,14 @@ def sched_s(pid: int) -> tuple[float, float]:
 
 
 def set_engine_nice(stack: LocalStack, nice: int) -> list[str]:
-    """Set the autogroup nice of every session under the workers: what decides CPU shares
-    between sessions when the kernel groups by session (sched_autogroup_enabled=1). A plain
-    renice only weighs a process against others of its own session, and the worker launcher
-    starts vLLM in a session of its own."""
+    """Re-nice the running engines' sessions as `worker --nice` does at start-up (the autogroup
+    nice is what counts between sessions); returns each session's autogroup as read back."""
     done: list[str] = []
     for proc in stack.worker_procs:
         for pgid in proc.descendant_groups() | {proc.pid}:
-            try:
-                Path(f"/proc/{pgid}/autogroup").write_text(str(nice))
+            yield_cpu(pgid, nice)
+            with contextlib.suppress(OSError):
                 done.append(Path(f"/proc/{pgid}/autogroup").read_text().strip())
-            except OSError:
-                continue
     return done
 
 
