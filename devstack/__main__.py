@@ -29,16 +29,6 @@ Metrics: {url}/metrics   Logs: {logs}/   Stop: Ctrl-C
 """
 
 
-def nice_value(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a nice value from 0 to 19")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m devstack", description=__doc__)
     p.add_argument("--model-dir", type=Path, required=True, help="bootstrapped model directory")
@@ -46,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8000, help="gateway port")
     p.add_argument("--worker-base-port", type=int, default=8101, help="first worker port")
     p.add_argument("--log-dir", type=Path, default=Path("run/logs"), help="process logs")
-    p.add_argument("--engine-nice", type=nice_value, default=10, metavar="0-19",
+    # The range is checked once, by the worker's settings (WORKER_NICE), which fail at start-up.
+    p.add_argument("--engine-nice", type=int, default=10, metavar="0-19",
                    help="CPU nice of the engines' sessions, so the gateway sharing these cores "
                         "answers first (worker --nice); 0 to treat them as equals")
     args = p.parse_args(argv)
