@@ -111,10 +111,40 @@ INFRA: dict[str, Any] = {
         {"periodSeconds": i(1), "failureThreshold": i(1)},
         required=["periodSeconds", "failureThreshold"],
     ),
-    "drainTimeoutSeconds": seconds,
+    # null: follow the release's maxStreamSeconds, so a drain never cuts a stream that may run.
+    "drainTimeoutSeconds": {"type": ["integer", "null"], "minimum": 0},
     "preStopSleepSeconds": seconds,
     "terminationGracePeriodSeconds": {"type": ["integer", "null"], "minimum": 0},
     "terminationMarginSeconds": seconds,
+    # Surge needs spare GPUs (tp x pp per replica); maxSurge 0 rolls in place.
+    "rollout": obj(
+        {"maxSurge": i(0), "maxUnavailable": i(0)},
+        required=["maxSurge", "maxUnavailable"],
+        description="rolling update of the pool's Deployment or LeaderWorkerSet",
+    ),
+    "runtimeClassName": s(),
+    "extraVolumes": {"type": "array", "items": obj({"name": s(minLength=1)}, ["name"], True)},
+    "extraVolumeMounts": {
+        "type": "array",
+        "items": obj({"name": s(minLength=1), "mountPath": s(pattern="^/")},
+                     ["name", "mountPath"], True),
+    },
+    # Per-pool overrides of the chart-wide podSecurityContext / containerSecurityContext.
+    "podSecurityContext": MAP,
+    "containerSecurityContext": MAP,
+    "autoscaling": obj(
+        {
+            "enabled": B,
+            "minReplicas": i(1),
+            "maxReplicas": i(1),
+            # A per-pod custom metric, e.g. vllm:num_requests_waiting as prometheus-adapter
+            # exposes it (colons become underscores).
+            "metricName": s(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$"),
+            "targetAverageValue": QTY,
+        },
+        required=["enabled"],
+        description="a HorizontalPodAutoscaler on a per-pod custom metric (needs a metrics adapter)",
+    ),
     "env": worker_env,
     "podDisruptionBudget": pdb,
     "podAnnotations": STRMAP,
@@ -151,7 +181,15 @@ multinode = obj(
         "restartPolicy": s(
             enum=["RecreateGroupOnPodRestart", "None", "Default", "RecreateGroupAfterStart"]
         ),
-        "startupPolicy": s(enum=["LeaderCreated", "LeaderReady"]),
+        # LeaderReady is refused: the leader turns ready only once its followers have joined the
+        # pipeline, and LeaderReady creates the followers only after the leader is ready, so the
+        # group never starts.
+        "startupPolicy": s(
+            enum=["LeaderCreated"],
+            description="LeaderCreated only: LeaderReady deadlocks a vLLM pipeline group",
+        ),
+        # Required anti-affinity between the pods of one group, per node: PP across nodes.
+        "distinctNodes": B,
     },
     required=["nodes"],
 )
@@ -200,6 +238,7 @@ SCHEMA: dict[str, Any] = {
         "nameOverride": s(),
         "fullnameOverride": s(maxLength=32),
         "clusterDomain": s(minLength=1),
+        "maxStreamSeconds": i(1, description="longest stream a drain waits for"),
         "image": obj(
             {
                 "registry": s(),
@@ -222,10 +261,11 @@ SCHEMA: dict[str, Any] = {
                 "port": i(1, maximum=65535),
                 "discovery": s(enum=["kubernetes", "dns", "static"]),
                 "backends": {"type": "array", "items": s(pattern="^https?://.+")},
-                "drainTimeoutSeconds": seconds,
+                "drainTimeoutSeconds": {"type": ["integer", "null"], "minimum": 0},
                 "preStopSleepSeconds": seconds,
                 "terminationGracePeriodSeconds": {"type": ["integer", "null"], "minimum": 0},
                 "terminationMarginSeconds": seconds,
+                "runtimeClassName": s(),
                 "env": {
                     "type": "object",
                     "propertyNames": {"pattern": "^GATEWAY_[A-Z0-9_]+$"},
@@ -279,6 +319,9 @@ SCHEMA: dict[str, Any] = {
                             ),
                         },
                         "tls": LIST,
+                        # /metrics and the probes answer on the gateway's port; a path rule that
+                        # would route them from outside is refused unless this is true.
+                        "exposeMetrics": B,
                     }
                 ),
                 "autoscaling": obj(
@@ -331,6 +374,10 @@ SCHEMA: dict[str, Any] = {
                     {
                         "backoffLimit": i(0),
                         "activeDeadlineSeconds": i(1),
+                        # On `helm upgrade`, fetch as a pre-upgrade hook: a new revision is on the
+                        # volume before any worker restarts (give `helm upgrade` a --timeout that
+                        # covers the download).
+                        "beforeUpgrade": B,
                         "env": env_list,
                         "resources": resources,
                         "serviceAccount": obj({"annotations": STRMAP}),

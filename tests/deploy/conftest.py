@@ -38,7 +38,7 @@ MATRIX: dict[str, dict[str, Any]] = {
                 "pp3",
                 tensorParallelSize=4,
                 pipelineParallelSize=3,
-                multiNode={"nodes": 3, "masterPort": 30000, "startupPolicy": "LeaderReady"},
+                multiNode={"nodes": 3, "masterPort": 30000, "distinctNodes": False},
                 replicas=2,
             )
         ]
@@ -153,6 +153,7 @@ MATRIX: dict[str, dict[str, Any]] = {
                 tensorParallelSize=8,
                 podDisruptionBudget={"enabled": False},
                 terminationGracePeriodSeconds=120,
+                drainTimeoutSeconds=90,
                 gpuResourceName="amd.com/gpu",
             ),
             _pool("custom", image={"repository": "me/custom-worker", "tag": "dev"}),

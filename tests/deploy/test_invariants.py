@@ -113,8 +113,11 @@ def test_drain_settings_reach_the_processes(render_case: Any) -> None:
     tp8 = next(p for p in rel.worker_pods() if p.metadata["labels"]["llmserve.io/pool"] == "tp8")
     assert tp8.spec["terminationGracePeriodSeconds"] == 120  # explicit, above 10 + 30
     gateway = next(p for p in rel.pods() if p.role == "gateway")
-    assert env_of(gateway.container("gateway"))["GATEWAY_DRAIN_TIMEOUT_S"] == "30"
-    assert gateway.spec["terminationGracePeriodSeconds"] == 5 + 30 + 10
+    # Unset drains follow maxStreamSeconds (300 by default), so a drain never cuts a stream that
+    # is allowed to run.
+    assert env_of(gateway.container("gateway"))["GATEWAY_DRAIN_TIMEOUT_S"] == "300"
+    assert gateway.spec["terminationGracePeriodSeconds"] == 5 + 300 + 10
+    assert env_of(tp8.container("worker"))["WORKER_DRAIN_TIMEOUT_S"] == "90"
 
 
 def test_probes(release: Release) -> None:
@@ -196,7 +199,8 @@ def test_only_the_model_fetch_job_reads_storage_credentials(
     rel = render_case(case)
     readers = {p.role for p in rel.pods() if secret in _secret_refs(p)}
     assert "fetch" in readers  # the control: the credentials do reach the puller
-    assert readers <= {"fetch", "minio"}
+    # MinIO itself, and the hook that creates its buckets.
+    assert readers <= {"fetch", "minio", "minio-buckets"}
     fetch = next(p for p in rel.pods() if p.role == "fetch")
     env = {e["name"] for e in fetch.container("fetch")["env"]}
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= env

@@ -271,14 +271,19 @@ def test_templates_reject_inconsistent_values(case: str) -> None:
 
 def test_fetch_jobs_run_commands_the_model_store_cli_accepts(release: Release) -> None:
     """Each fetch Job's command goes through model_store's real argument parser."""
-    for job in release.of_kind("Job"):
+    fetches = [
+        job
+        for job in release.of_kind("Job")
+        if job["metadata"]["labels"]["app.kubernetes.io/component"] == "model-fetch"
+    ]
+    for job in fetches:
         (container,) = job["spec"]["template"]["spec"]["containers"]
         command = container["command"]
         assert command[:3] == ["python3", "-m", "model_store"], command
         assert command[3] in {"pull", "bootstrap-demo"}, command  # S3, or the offline demo model
         args = build_parser().parse_args(command[3:])  # exits (fails the test) on a bad command
         assert args.verb == command[3]
-    for job in release.of_kind("Job"):
+    for job in fetches:
         # Both verbs take the model directory last: ROOT/<model>/<revision>.
         dest = Path(job["spec"]["template"]["spec"]["containers"][0]["command"][-1])
         labels = job["metadata"]["labels"]

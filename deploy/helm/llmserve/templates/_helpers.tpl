@@ -1,6 +1,8 @@
 {{/*
-Names, labels, images and merging. Resource names stay short enough for LeaderWorkerSet pod
-hostnames (<lws>-<group>-<index>, 63 characters at most): fullname <= 32, pool names <= 24.
+Names, labels, images and merging. fullname <= 32 characters, pool names <= 24. A pool's resource
+name is cut further (see llmserve.pool): LeaderWorkerSet names its leader StatefulSet <lws>,
+its worker StatefulSets <lws>-<group>, and pods <lws>-<group>-<index>; a StatefulSet name over 52
+characters cannot create pods (its controller-revision-hash label value is name + "-" + 10).
 */}}
 
 {{- define "llmserve.name" -}}
@@ -46,6 +48,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "llmserve.componentLabels" -}}
 {{ include "llmserve.labels" .root }}
 app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/*
+Pod-template labels: no chart version and no app version. A pod template that changes on every
+chart bump rolls every GPU pod (and a Job's template is immutable, so `helm upgrade` would fail);
+the version labels stay on the owning objects.
+*/}}
+{{- define "llmserve.podTemplateLabels" -}}
+{{ include "llmserve.componentSelector" . }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: llmserve
 {{- end -}}
 
 {{- define "llmserve.gateway.fullname" -}}
@@ -132,6 +145,11 @@ an explicit false, 0 or "" in `over` wins: a pool can turn off what the defaults
 {{- else -}}
 {{- int .explicit -}}
 {{- end -}}
+{{- end -}}
+
+{{/* A drain timeout: the explicit value, or the release's maxStreamSeconds. (dict "root" $ "value" x) */}}
+{{- define "llmserve.drainSeconds" -}}
+{{- if kindIs "invalid" .value -}}{{- int .root.Values.maxStreamSeconds -}}{{- else -}}{{- int .value -}}{{- end -}}
 {{- end -}}
 
 {{- define "llmserve.preStopSleep" -}}

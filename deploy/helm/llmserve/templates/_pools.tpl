@@ -23,11 +23,12 @@ tensorParallelSize x pipelineParallelSize / nodes engine ranks, one GPU each.
 {{- $_ := set $m "pipelineParallelSize" (int ($m.pipelineParallelSize | default 1)) -}}
 {{- $_ := set $m "replicas" (int (ternary 1 $m.replicas (kindIs "invalid" $m.replicas))) -}}
 {{- $_ := set $m "port" (int $root.Values.workerDefaults.port) -}}
+{{- $_ := set $m "drainTimeoutSeconds" (include "llmserve.drainSeconds" (dict "root" $root "value" $m.drainTimeoutSeconds) | int) -}}
 {{- $tp := $m.tensorParallelSize -}}
 {{- $pp := $m.pipelineParallelSize -}}
 {{- $nodes := 1 -}}
 {{- if $m.multiNode -}}
-{{- $mn := merge (deepCopy $m.multiNode) (dict "masterPort" 29500 "restartPolicy" "RecreateGroupOnPodRestart" "startupPolicy" "LeaderCreated") -}}
+{{- $mn := merge (deepCopy $m.multiNode) (dict "masterPort" 29500 "restartPolicy" "RecreateGroupOnPodRestart" "startupPolicy" "LeaderCreated" "distinctNodes" true) -}}
 {{- $_ := set $m "multiNode" $mn -}}
 {{- $nodes = int $mn.nodes -}}
 {{- if lt $nodes 2 -}}
@@ -49,7 +50,14 @@ tensorParallelSize x pipelineParallelSize / nodes engine ranks, one GPU each.
 {{- $gpus = div (mul $tp $pp) $nodes -}}
 {{- end -}}
 {{- $_ := set $m "gpusPerPod" $gpus -}}
-{{- $_ := set $m "resourceName" (printf "%s-%s" (include "llmserve.fullname" $root) $m.name | trunc 63 | trimSuffix "-") -}}
+{{- /* 45 characters: LWS appends "-<group>" (up to 6 digits) to make a StatefulSet name, which must
+stay within 52. A longer name keeps its first 36 characters and gets a hash of the whole name, so
+two long pool names never collide. */ -}}
+{{- $resourceName := printf "%s-%s" (include "llmserve.fullname" $root) $m.name -}}
+{{- if gt (len $resourceName) 45 -}}
+{{- $resourceName = printf "%s-%s" ($resourceName | trunc 36 | trimSuffix "-") ($resourceName | sha256sum | trunc 8) -}}
+{{- end -}}
+{{- $_ := set $m "resourceName" $resourceName -}}
 {{- $_ := set $m "modelDir" (printf "%s/%s/%s" $root.Values.modelStorage.mountPath $m.model $m.revision) -}}
 {{- $image := $m.image | default dict -}}
 {{- if not $image.repository -}}

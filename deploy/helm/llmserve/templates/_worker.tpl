@@ -15,7 +15,7 @@ pod, and an init container waits for the completion marker the model-fetch Job w
 */}}
 
 {{- define "llmserve.worker.podLabels" -}}
-{{ include "llmserve.componentLabels" (dict "root" .root "component" "worker") }}
+{{ include "llmserve.podTemplateLabels" (dict "root" .root "component" "worker") }}
 llmserve.io/pool: {{ .m.name }}
 llmserve.io/role: {{ .role }}
 {{- if ne .role "follower" }}
@@ -44,6 +44,12 @@ llmserve.io/serving: "true"
 {{- if $m.isMultiNode }}
 - name: WORKER_MASTER_PORT
   value: {{ $m.multiNode.masterPort | int | toString | quote }}
+{{- /* vLLM advertises this address to the other ranks; without it, it guesses from the
+interfaces, which on multi-homed nodes (host network, secondary CNIs) may not be the pod IP. */}}
+- name: VLLM_HOST_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
 {{- end }}
 - name: WORKER_PORT
   value: {{ $m.port | int | toString | quote }}
@@ -118,8 +124,11 @@ terminationGracePeriodSeconds: {{ include "llmserve.gracePeriod" (dict "preStop"
 {{- with $m.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
+{{- with $m.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
 securityContext:
-  {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
+  {{- include "llmserve.deepMerge" (dict "base" $root.Values.podSecurityContext "over" ($m.podSecurityContext | default dict)) | nindent 2 }}
 initContainers:
   - name: wait-for-model
     image: {{ $m.imageRef }}
@@ -130,7 +139,7 @@ initContainers:
       - {{ include "llmserve.worker.markerWaitScript" $root | quote }}
       - {{ $m.modelDir | quote }}
     securityContext:
-      {{- toYaml $root.Values.containerSecurityContext | nindent 6 }}
+      {{- include "llmserve.deepMerge" (dict "base" $root.Values.containerSecurityContext "over" ($m.containerSecurityContext | default dict)) | nindent 6 }}
     resources:
       requests:
         cpu: 10m
@@ -184,7 +193,7 @@ containers:
     {{- end }}
     {{- include "llmserve.preStopSleep" $m.preStopSleepSeconds | nindent 4 }}
     securityContext:
-      {{- toYaml $root.Values.containerSecurityContext | nindent 6 }}
+      {{- include "llmserve.deepMerge" (dict "base" $root.Values.containerSecurityContext "over" ($m.containerSecurityContext | default dict)) | nindent 6 }}
     resources:
       {{- $resources := deepCopy ($m.resources | default dict) }}
       {{- if gt (int $m.gpusPerPod) 0 }}
@@ -203,6 +212,9 @@ containers:
         mountPath: /cache
       - name: tmp
         mountPath: /tmp
+      {{- with $m.extraVolumeMounts }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
 volumes:
   - name: models
     persistentVolumeClaim:
@@ -218,6 +230,9 @@ volumes:
   - name: tmp
     emptyDir:
       sizeLimit: 1Gi
+  {{- with $m.extraVolumes }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 {{- with $m.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -226,12 +241,38 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $m.affinity }}
+{{- /*
+Placement. The pods of one pipeline group go to distinct nodes (required anti-affinity): PP
+"across nodes" on one node is a different experiment. The term selects the pods of this
+LeaderWorkerSet; matchLabelKeys narrows it to the same group where the cluster supports it (1.31+),
+and where it does not the rule is stricter (no two pods of the pool on one node), never weaker.
+TP needs no rule: a pod's GPUs are always on its node.
+*/}}
+{{- $affinity := deepCopy ($m.affinity | default dict) -}}
+{{- if and $m.isMultiNode $m.multiNode.distinctNodes -}}
+{{- $anti := deepCopy ($affinity.podAntiAffinity | default dict) -}}
+{{- $terms := $anti.requiredDuringSchedulingIgnoredDuringExecution | default list -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (dict "leaderworkerset.sigs.k8s.io/name" $m.resourceName)) "matchLabelKeys" (list "leaderworkerset.sigs.k8s.io/group-key") -}}
+{{- $_ := set $anti "requiredDuringSchedulingIgnoredDuringExecution" (append $terms $term) -}}
+{{- $_ := set $affinity "podAntiAffinity" $anti -}}
+{{- end }}
+{{- with $affinity }}
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $m.topologySpreadConstraints }}
+{{- if $m.topologySpreadConstraints }}
 topologySpreadConstraints:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml $m.topologySpreadConstraints | nindent 2 }}
+{{- else if not $m.isMultiNode }}
+{{- /* Data-parallel replicas on different nodes where possible: a node loss takes one replica. */}}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- include "llmserve.componentSelector" (dict "root" $root "component" "worker") | nindent 8 }}
+        llmserve.io/pool: {{ $m.name }}
+    matchLabelKeys: [pod-template-hash]
 {{- end }}
 {{- end -}}

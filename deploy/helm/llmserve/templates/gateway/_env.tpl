@@ -31,7 +31,7 @@ GATEWAY_HOST GATEWAY_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GA
   value: {{ toJson $g.backends | quote }}
 {{- end }}
 - name: GATEWAY_DRAIN_TIMEOUT_S
-  value: {{ $g.drainTimeoutSeconds | int | toString | quote }}
+  value: {{ include "llmserve.drainSeconds" (dict "root" . "value" $g.drainTimeoutSeconds) | quote }}
 {{- if $g.apiKeys.enabled }}
 - name: GATEWAY_API_KEYS_FILE
   value: {{ printf "/etc/llmserve/api-keys/%s" $g.apiKeys.secretKey | quote }}
