@@ -100,6 +100,28 @@ MATRIX: dict[str, dict[str, Any]] = {
             "podDisruptionBudget": {"enabled": False},
         },
     },
+    # Day-two options: every newer pool field on, so schema validation and checkov see them.
+    "day-two-options": {
+        "maxStreamSeconds": 900,
+        "models": [
+            _pool(
+                "pp2",
+                pipelineParallelSize=2,
+                multiNode={"nodes": 2},
+                autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 3},
+                runtimeClassName="nvidia",
+                extraVolumes=[{"name": "ca", "configMap": {"name": "ca-bundle"}}],
+                extraVolumeMounts=[{"name": "ca", "mountPath": "/etc/ca", "readOnly": True}],
+            ),
+            _pool(
+                "tp1",
+                rollout={"maxSurge": 0, "maxUnavailable": 1},
+                autoscaling={"enabled": True, "maxReplicas": 4, "targetAverageValue": "2"},
+                podSecurityContext={"runAsUser": 20001},
+            ),
+        ],
+        "gateway": {"runtimeClassName": "gvisor", "ingress": {"enabled": True}},
+    },
     "minio-with-its-credentials": {
         "minio": {"enabled": True},
         "models": [_pool("tp1", tensorParallelSize=1)],

@@ -57,10 +57,16 @@ def test_single_node_pools_are_deployments_multi_node_pools_are_lws_groups(
         if "multiNode" in pool:
             lws = release.one("LeaderWorkerSet", owner)
             assert lws["spec"]["leaderWorkerTemplate"]["size"] == pool["multiNode"]["nodes"]
-            assert lws["spec"]["replicas"] == pool["replicas"]
+            # An autoscaled pool leaves the count to its HorizontalPodAutoscaler.
+            assert lws["spec"].get("replicas") == _fixed_replicas(pool)
             assert not [d for d in release.of_kind("Deployment") if d["metadata"]["name"] == owner]
         else:
-            assert release.one("Deployment", owner)["spec"]["replicas"] == pool["replicas"]
+            deployment = release.one("Deployment", owner)
+            assert deployment["spec"].get("replicas") == _fixed_replicas(pool)
+
+
+def _fixed_replicas(pool: dict[str, Any]) -> int | None:
+    return None if pool.get("autoscaling", {}).get("enabled") else pool["replicas"]
 
 
 def test_presets_hold_the_layouts_they_promise(render_case: Any) -> None:

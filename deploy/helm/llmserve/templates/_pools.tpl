@@ -28,7 +28,9 @@ tensorParallelSize x pipelineParallelSize / nodes engine ranks, one GPU each.
 {{- $pp := $m.pipelineParallelSize -}}
 {{- $nodes := 1 -}}
 {{- if $m.multiNode -}}
-{{- $mn := merge (deepCopy $m.multiNode) (dict "masterPort" 29500 "restartPolicy" "RecreateGroupOnPodRestart" "startupPolicy" "LeaderCreated" "distinctNodes" true) -}}
+{{- $mn := merge (deepCopy $m.multiNode) (dict "masterPort" 29500 "restartPolicy" "RecreateGroupOnPodRestart" "startupPolicy" "LeaderCreated") -}}
+{{- /* Not through merge: it would take an explicit false for unset. */ -}}
+{{- $_ := set $mn "distinctNodes" (ternary true $mn.distinctNodes (not (hasKey $mn "distinctNodes"))) -}}
 {{- $_ := set $m "multiNode" $mn -}}
 {{- $nodes = int $mn.nodes -}}
 {{- if lt $nodes 2 -}}
