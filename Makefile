@@ -9,7 +9,7 @@ PORT ?= 8000
 WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: up install model test test-fast lint typecheck bench clean
+.PHONY: up install model test test-fast lint typecheck bench clean redis-server
 
 up: install model
 	$(BIN)/python -m devstack --model-dir $(MODEL_DIR) --workers $(WORKERS) --port $(PORT)
@@ -34,13 +34,17 @@ model: install
 	$(BIN)/python -m model_store bootstrap-demo --dest $(MODEL_DIR)
 
 # The whole suite, real vLLM-CPU engines included (started once per session by fixtures).
-test: install model checkov-venv promtool
+test: install model checkov-venv promtool redis-server
 	LLMSERVE_MODEL_DIR=$(abspath $(MODEL_DIR)) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The fast tier, under a minute: no engines, no chart rendering (`make chart-test`), no loopback
 # S3 server (`pytest -m s3` runs those; their processes and transfers take ~40 s on their own).
 test-fast: install
-	$(BIN)/python -m pytest -m "not engine and not helm and not s3" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine and not helm and not s3 and not redis" $(PYTEST_ARGS)
+
+# Debian's redis-server: the shared per-key limits are tested against a real Redis on loopback.
+redis-server:
+	command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends redis-server; } || { echo "make: redis-server is needed by the tests: apt-get install redis-server (as root)"; exit 2; }
 
 lint: install
 	$(BIN)/ruff check gateway worker model_store devstack tests bench

@@ -97,6 +97,8 @@ def build_app(
             # timeout); stop probing and close pooled upstream connections.
             if pressure is not None:
                 await pressure.stop()
+            if admission is not None:
+                await admission.close()
             if deps.batcher is not None:
                 await deps.batcher.close()
             await router.stop()

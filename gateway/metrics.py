@@ -133,7 +133,8 @@ class GatewayMetrics:
         )
         self.rejections = Counter(
             "llmserve_rejections",
-            "Requests refused by admission control (rpm, tpm: 429; queue_full, queue_wait: 503)",
+            "Requests refused by admission control (rpm, tpm: 429; queue_full, queue_wait, "
+            "unavailable: 503)",
             ["pool", "reason"], registry=r,
         )
         self.queue_overflows = Counter(
@@ -148,6 +149,11 @@ class GatewayMetrics:
         self.tenant_tokens = Counter(
             "llmserve_tenant_tokens", "Tokens used per tenant, from upstream usage",
             ["tenant", "kind"], registry=r,
+        )
+        self.shared_limit_errors = Counter(
+            "llmserve_shared_limits_errors",
+            "Per-key limit checks that Redis failed (timeout, refused, error); "
+            "GATEWAY_FLOW__LIMITS_REDIS_FAIL decides what those requests got", registry=r,
         )
         self.batch_size = Histogram(
             "llmserve_batch_size", "Prompts per upstream request sent by the batcher", ["model"],

@@ -72,9 +72,37 @@ class FlowSettings(BaseModel):
     default_priority: Literal["high", "normal", "low"] = Field(
         "normal", description="priority when neither the key nor x-llmserve-priority sets one"
     )
+    # Per-key limits across gateway replicas (flow/shared_limits.py): one Redis for all of them,
+    # or each replica enforcing its share of every limit.
+    limits_redis_url: str | None = Field(
+        None, description="Redis URL (redis://host:6379/0) holding per-key limits for every replica"
+    )
+    limits_redis_fail: Literal["open", "closed"] = Field(
+        "open", description="when Redis fails: admit (open) or answer 503 (closed)"
+    )
+    limits_redis_timeout_s: float = Field(
+        0.1, gt=0, le=5, description="Redis connect/read timeout for one limit check"
+    )
+    limits_redis_retry_s: float = Field(
+        2.0, gt=0, description="after a Redis failure, apply limits_redis_fail this long"
+    )
+    limit_replicas: int = Field(
+        1, ge=1, description="replicas sharing each key's limits without Redis (each enforces 1/N)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> FlowSettings:
+        if self.limits_redis_url is not None and self.limit_replicas != 1:
+            raise ValueError(
+                "GATEWAY_FLOW: limit_replicas divides per-key limits between replicas that do not "
+                "share them; with limits_redis_url they are shared already (set one of the two)"
+            )
+        if self.limits_redis_url is not None and not self.limits_redis_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ValueError(
+                "GATEWAY_FLOW: limits_redis_url must be a redis://, rediss:// or unix:// URL"
+            )
         if not self.min_limit <= self.initial_limit <= self.max_limit:
             raise ValueError(
                 "GATEWAY_FLOW: need min_limit <= initial_limit <= max_limit "

@@ -278,6 +278,14 @@ SCHEMA: dict[str, Any] = {
                         "keys": {"type": "array", "items": api_key},
                         "existingSecret": s(),
                         "secretKey": s(pattern=r"^[-._a-zA-Z0-9]+$"),
+                        "sharedLimits": obj(
+                            {
+                                "redisUrl": s(pattern=r"^((redis|rediss|unix)://.+)?$"),
+                                "existingSecret": s(),
+                                "secretKey": s(pattern=r"^[-._a-zA-Z0-9]+$"),
+                                "fail": s(enum=["open", "closed"]),
+                            }
+                        ),
                     }
                 ),
                 "resources": resources,

@@ -127,12 +127,12 @@ class ProxyEndpoint:
         tenant = flow.tenants.for_key(scope.get("state", {}).get("api_key"))
         pool = flow.pool(req.model)
         try:
-            flow.check_limits(tenant, req.model)
+            await flow.check_limits(tenant, req.model)
             if not pool.try_acquire(tenant.name, tenant.weight):
                 try:
                     await pool.acquire(tenant, tenant.priority_class(scope["headers"]))
                 except GatewayError:
-                    tenant.limits.refund()
+                    tenant.refund()
                     raise
         except GatewayError as exc:
             d.metrics.requests.labels(req.model, "", str(exc.status)).inc()

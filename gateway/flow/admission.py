@@ -28,6 +28,7 @@ from gateway.errors import GatewayError, RateLimited, Unavailable
 from gateway.flow.limiter import AimdLimiter
 from gateway.flow.queue import FairQueue, QueueFull, Waiter
 from gateway.flow.retry_after import DrainRate, expected_wait, retry_after
+from gateway.flow.shared_limits import SharedLimits
 from gateway.flow.tenants import ANONYMOUS, Tenant, Tenants
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
@@ -208,8 +209,15 @@ class Admission:
         self.clock = clock
         self._metrics = metrics
         self._pools: dict[str, Pool] = {}
-        self.tenants = Tenants(metrics, settings.default_priority, clock)
+        self._shared = (SharedLimits(settings, metrics)
+                        if settings.limits_redis_url is not None else None)
+        self.tenants = Tenants(metrics, settings.default_priority, clock, shared=self._shared,
+                               replicas=settings.limit_replicas)
         metrics.pools.view = self.view
+
+    async def close(self) -> None:
+        if self._shared is not None:
+            await self._shared.close()
 
     def pool(self, model: str) -> Pool:
         """The pool of `model`; callers pass only models the router knows (bounded set)."""
@@ -225,12 +233,23 @@ class Admission:
     def pools(self) -> list[Pool]:
         return list(self._pools.values())
 
-    def check_limits(self, tenant: Tenant, pool_name: str) -> None:
-        """Charge the tenant one request; raises `RateLimited` (429) if a bucket refuses."""
-        refusal = tenant.limits.admit()
+    async def check_limits(self, tenant: Tenant, pool_name: str) -> None:
+        """Charge the tenant one request; raises `RateLimited` (429) if a bucket refuses.
+
+        With shared limits the buckets are in Redis: one round trip for a limited key; a Redis
+        failure refused with 503 only when failing closed."""
+        if tenant.shared is not None:
+            refusal = await tenant.shared.admit(tenant.name, tenant.rpm, tenant.tpm)
+        else:
+            refusal = tenant.limits.admit()
         if refusal is None:
             return
         self._metrics.rejections.labels(pool_name, refusal.reason).inc()
+        if refusal.reason == "unavailable":
+            raise Unavailable(
+                "per-key rate limits are unavailable; retry later",
+                code="rate_limits_unavailable", retry_after=refusal.retry_after_s,
+            )
         what = "requests" if refusal.reason == "rpm" else "tokens"
         raise RateLimited(
             f"Rate limit reached for {what} per minute on this API key; retry after "

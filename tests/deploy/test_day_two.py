@@ -437,3 +437,40 @@ def test_autoscaling_range_is_checked() -> None:
     with pytest.raises(helm_python.HelmError) as err:
         render({"models": [_pool(autoscaling={"enabled": True, "minReplicas": 5, "maxReplicas": 2})]})
     assert "maxReplicas=2 is below minReplicas=5" in str(err.value)
+
+
+# --- per-key limits across gateway replicas -------------------------------------------------------
+
+KEYS = {"enabled": True, "keys": [{"tenant": "acme", "sha256": "a" * 64, "rpm": 600}]}
+
+
+def _gateway_env(values: dict[str, Any]) -> dict[str, Manifest]:
+    rel = render(values)
+    (gw,) = [p for p in rel.pods() if p.role == "gateway"]
+    return {e["name"]: e for e in gw.container("gateway")["env"]}
+
+
+def test_without_redis_each_gateway_replica_enforces_its_share() -> None:
+    env = _gateway_env({"gateway": {"replicas": 3, "apiKeys": KEYS}})
+    assert env["GATEWAY_FLOW__LIMIT_REPLICAS"]["value"] == "3"
+    assert "GATEWAY_FLOW__LIMITS_REDIS_URL" not in env
+    scaled = {"replicas": 3, "apiKeys": KEYS, "autoscaling": {"enabled": True, "minReplicas": 2}}
+    assert _gateway_env({"gateway": scaled})["GATEWAY_FLOW__LIMIT_REPLICAS"]["value"] == "2"
+    notes = render({"gateway": scaled}).notes
+    assert "enforces 1/2 of every key's RPM/TPM" in notes and "up to 10/2 x its limit" in notes
+
+
+def test_redis_shares_limits_between_gateway_replicas() -> None:
+    shared = {**KEYS, "sharedLimits": {"redisUrl": "redis://redis:6379/0", "fail": "closed"}}
+    env = _gateway_env({"gateway": {"apiKeys": shared}})
+    assert env["GATEWAY_FLOW__LIMITS_REDIS_URL"]["value"] == "redis://redis:6379/0"
+    assert env["GATEWAY_FLOW__LIMITS_REDIS_FAIL"]["value"] == "closed"
+    assert "GATEWAY_FLOW__LIMIT_REPLICAS" not in env
+    secret = {**KEYS, "sharedLimits": {"existingSecret": "redis-auth"}}
+    env = _gateway_env({"gateway": {"apiKeys": secret}})
+    ref = env["GATEWAY_FLOW__LIMITS_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "redis-auth", "key": "redis-url"}
+    assert env["GATEWAY_FLOW__LIMITS_REDIS_FAIL"]["value"] == "open"
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render({"gateway": {"apiKeys": {**KEYS, "sharedLimits": {"redisUrl": "http://r"}}}})
+    assert "redisUrl" in str(err.value)

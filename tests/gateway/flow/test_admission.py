@@ -128,9 +128,9 @@ async def test_rate_limited_key_gets_429() -> None:
     adm, m = admission()
     key = ApiKey("acme", b"\0" * 32, rpm=1)
     t = adm.tenants.for_key(key)
-    adm.check_limits(t, "demo")
+    await adm.check_limits(t, "demo")
     with pytest.raises(RateLimited) as info:
-        adm.check_limits(t, "demo")
+        await adm.check_limits(t, "demo")
     assert info.value.status == 429 and info.value.code == "rate_limit_exceeded"
     assert info.value.retry_after == pytest.approx(60.0, abs=0.1)
     assert sample(m, "llmserve_rejections_total", pool="demo", reason="rpm") == 1

@@ -3,7 +3,17 @@ GATEWAY_* settings the chart manages; gateway.env may not set these (a second va
 setting would silently win or lose depending on order).
 */}}
 {{- define "llmserve.gateway.managedEnv" -}}
-GATEWAY_HOST GATEWAY_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_API_KEYS_FILE
+GATEWAY_HOST GATEWAY_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS
+{{- end -}}
+
+{{/*
+How many gateway replicas share each key's limits without Redis: each enforces 1/N. Under the
+HorizontalPodAutoscaler the count moves; the chart divides by minReplicas (a tenant gets up to
+maxReplicas/minReplicas x its limit when scaled out; NOTES says so).
+*/}}
+{{- define "llmserve.gateway.limitReplicas" -}}
+{{- $g := .Values.gateway -}}
+{{- ternary $g.autoscaling.minReplicas $g.replicas $g.autoscaling.enabled | int -}}
 {{- end -}}
 
 {{- define "llmserve.gateway.env" -}}
@@ -35,6 +45,24 @@ GATEWAY_HOST GATEWAY_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GA
 {{- if $g.apiKeys.enabled }}
 - name: GATEWAY_API_KEYS_FILE
   value: {{ printf "/etc/llmserve/api-keys/%s" $g.apiKeys.secretKey | quote }}
+{{- $shared := $g.apiKeys.sharedLimits }}
+{{- if $shared.redisUrl }}
+- name: GATEWAY_FLOW__LIMITS_REDIS_URL
+  value: {{ $shared.redisUrl | quote }}
+{{- else if $shared.existingSecret }}
+- name: GATEWAY_FLOW__LIMITS_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $shared.existingSecret }}
+      key: {{ $shared.secretKey }}
+{{- else }}
+- name: GATEWAY_FLOW__LIMIT_REPLICAS
+  value: {{ include "llmserve.gateway.limitReplicas" . | quote }}
+{{- end }}
+{{- if or $shared.redisUrl $shared.existingSecret }}
+- name: GATEWAY_FLOW__LIMITS_REDIS_FAIL
+  value: {{ $shared.fail | quote }}
+{{- end }}
 {{- end }}
 {{- $managed := splitList " " (include "llmserve.gateway.managedEnv" .) }}
 {{- range $name, $value := $g.env }}

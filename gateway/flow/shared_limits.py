@@ -1,0 +1,149 @@
+"""Per-key limits shared by every gateway replica, kept in Redis.
+
+Without it each replica enforces a key's RPM/TPM on its own, so N replicas give a tenant N times
+its limit. With `GATEWAY_FLOW__LIMITS_REDIS_URL` set, the two token buckets of a key live in Redis
+and every replica charges the same ones: one Lua script call per request of a limited key (one
+round trip; keys without rpm/tpm never touch Redis), tokens debited after the request without
+waiting. The script takes Redis's own clock, so replicas with skewed clocks agree.
+
+When Redis fails (down, slow, refused) the replica does what `limits_redis_fail` says: `open`
+admits (the limits are off, the API stays up), `closed` refuses with 503. Either way it stops
+asking Redis for `limits_redis_retry_s` after a failure, so an outage costs one timeout per
+period, not one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from time import monotonic
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.flow.buckets import Refusal
+from gateway.metrics import GatewayMetrics
+from gateway.settings import FlowSettings
+
+log = logging.getLogger("llmserve.gateway.limits")
+
+# A token bucket per key, lazily refilled from the time since its last touch (as in buckets.py).
+# KEYS[1] the requests bucket, KEYS[2] the tokens bucket. ARGV: op, rpm, tpm, n.
+#   admit: the tokens bucket must be above zero (debit-after), then take one request.
+#   refund: give one request back.   debit: take n tokens (may go negative).
+# Returns the wait in seconds as a string ("0" admits), prefixed "rpm:" or "tpm:" on refusal;
+# Lua numbers would be truncated to integers on the way out.
+_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local op = ARGV[1]
+local function touch(key, per_minute)
+  local rate = per_minute / 60.0
+  local b = redis.call('HMGET', key, 'level', 'ts')
+  local level = tonumber(b[1]) or per_minute
+  local ts = tonumber(b[2]) or now
+  if now > ts then level = math.min(per_minute, level + (now - ts) * rate) end
+  return level, rate
+end
+local function store(key, level, per_minute)
+  redis.call('HSET', key, 'level', tostring(level), 'ts', tostring(now))
+  redis.call('EXPIRE', key, 120)
+end
+local rpm, tpm, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if op == 'admit' then
+  if tpm > 0 then
+    local level, rate = touch(KEYS[2], tpm)
+    store(KEYS[2], level, tpm)
+    if level <= 0 then return 'tpm:' .. tostring((1e-6 - level) / rate) end
+  end
+  if rpm > 0 then
+    local level, rate = touch(KEYS[1], rpm)
+    if level < 1 then
+      store(KEYS[1], level, rpm)
+      return 'rpm:' .. tostring((1 - level) / rate)
+    end
+    store(KEYS[1], level - 1, rpm)
+  end
+  return '0'
+elseif op == 'refund' then
+  local level = touch(KEYS[1], rpm)
+  store(KEYS[1], math.min(rpm, level + 1), rpm)
+elseif op == 'debit' then
+  local level = touch(KEYS[2], tpm)
+  store(KEYS[2], level - n, tpm)
+end
+return '0'
+"""
+
+
+class SharedLimits:
+    """One Redis connection pool and script for every key of this gateway replica."""
+
+    def __init__(self, settings: FlowSettings, metrics: GatewayMetrics) -> None:
+        assert settings.limits_redis_url is not None
+        timeout = settings.limits_redis_timeout_s
+        self._redis: Any = aioredis.from_url(
+            settings.limits_redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry_on_timeout=False,
+        )
+        self._script = self._redis.register_script(_SCRIPT)
+        self._fail_closed = settings.limits_redis_fail == "closed"
+        self._retry_s = settings.limits_redis_retry_s
+        self._down_until = 0.0
+        self._errors = metrics.shared_limit_errors
+        # Debits run in the background; keep references so they are not collected mid-flight.
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        await self._redis.aclose()
+
+    def _failed(self, exc: Exception) -> None:
+        self._errors.inc()
+        if monotonic() >= self._down_until:
+            log.warning("shared limits: Redis failed (%s); failing %s for %.0fs",
+                        type(exc).__name__, "closed" if self._fail_closed else "open",
+                        self._retry_s)
+        self._down_until = monotonic() + self._retry_s
+
+    async def _call(self, tenant: str, op: str, rpm: float, tpm: float, n: float) -> str | None:
+        if monotonic() < self._down_until:
+            return None
+        keys = [f"llmserve:limits:{{{tenant}}}:rpm", f"llmserve:limits:{{{tenant}}}:tpm"]
+        try:
+            out = await self._script(keys=keys, args=[op, rpm, tpm, n])
+        except (TimeoutError, RedisError, OSError) as exc:
+            self._failed(exc)
+            return None
+        return out.decode() if isinstance(out, bytes) else str(out)
+
+    async def admit(self, tenant: str, rpm: float | None, tpm: float | None) -> Refusal | None:
+        """Charge one request to the tenant's shared buckets, or say which refuses and how long.
+
+        `None` admits. On a Redis failure: `None` when failing open; a refusal with reason
+        "unavailable" when failing closed."""
+        out = await self._call(tenant, "admit", rpm or 0, tpm or 0, 1)
+        if out is None:
+            return Refusal("unavailable", self._retry_s) if self._fail_closed else None
+        if out == "0":
+            return None
+        reason, _, wait = out.partition(":")
+        return Refusal(reason, max(float(wait), 0.0))
+
+    def refund(self, tenant: str, rpm: float | None) -> None:
+        if rpm:
+            self._background(self._call(tenant, "refund", rpm, 0, 1))
+
+    def debit(self, tenant: str, tpm: float | None, tokens: int) -> None:
+        if tpm and tokens > 0:
+            self._background(self._call(tenant, "debit", 0, tpm, tokens))
+
+    def _background(self, call: Any) -> None:
+        async def run() -> None:
+            await call
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)

@@ -1,0 +1,183 @@
+"""Per-key limits across gateway replicas: two real gateway processes share one tenant's RPM
+through a real Redis (redis-server on loopback), and keep serving when Redis dies, failing open
+or closed as configured. Without Redis each replica enforces 1/N of the limit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from gateway.flow.keys import ApiKey, hash_key
+from gateway.flow.tenants import Tenants
+from gateway.metrics import GatewayMetrics
+from gateway.settings import FlowSettings
+from tests.gateway.conftest import UpstreamFactory, free_port, url_of
+from tests.redisserver import RedisServer, redis_server
+
+REPO = Path(__file__).resolve().parents[3]
+BODY = {"model": "demo", "prompt": "hi", "max_tokens": 2}
+KEY = "sk-shared"
+RPM = 120
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    with redis_server(tmp_path) as server:
+        yield server
+
+
+def _keys_file(tmp_path: Path) -> Path:
+    p = tmp_path / "keys.json"
+    p.write_text(json.dumps({"keys": [{"tenant": "acme", "sha256": hash_key(KEY), "rpm": RPM}]}))
+    return p
+
+
+@contextlib.contextmanager
+def gateway_process(backend: str, keys: Path, **flow: str) -> Iterator[str]:
+    """`python -m gateway` as its own process, configured through GATEWAY_* only."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(
+        GATEWAY_HOST="127.0.0.1", GATEWAY_PORT=str(port), GATEWAY_BACKENDS=json.dumps([backend]),
+        GATEWAY_API_KEYS_FILE=str(keys), GATEWAY_HEALTH_INTERVAL_S="0.2",
+        GATEWAY_FLOW__SCRAPE_ENGINES="false",
+        **{f"GATEWAY_FLOW__{k.upper()}": v for k, v in flow.items()},
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise RuntimeError(f"gateway did not get ready: {err[-2000:]}")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+async def _burst(urls: list[str], n: int) -> tuple[list[int], list[int], float]:
+    """`n` requests spread round-robin over `urls`, 8 at a time; statuses per gateway."""
+    statuses: list[list[int]] = [[] for _ in urls]
+    sem = asyncio.Semaphore(8)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(timeout=10) as client:
+
+        async def one(i: int) -> None:
+            async with sem:
+                r = await client.post(urls[i % len(urls)] + "/v1/completions", json=BODY,
+                                      headers=headers)
+                statuses[i % len(urls)].append(r.status_code)
+
+        started = time.monotonic()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        elapsed = time.monotonic() - started
+    return ([s.count(200) for s in statuses], [s.count(429) for s in statuses], elapsed)
+
+
+@pytest.mark.redis
+async def test_two_gateways_share_one_tenants_rpm(
+    upstreams: UpstreamFactory, redis: RedisServer, tmp_path: Path
+) -> None:
+    up = upstreams()
+    keys = _keys_file(tmp_path)
+    with gateway_process(url_of(up), keys, limits_redis_url=redis.url) as a, \
+            gateway_process(url_of(up), keys, limits_redis_url=redis.url) as b:
+        admitted, refused, elapsed = await _burst([a, b], 3 * RPM)
+    total = sum(admitted)
+    # One bucket for both: its capacity (a minute's allowance) plus what refilled meanwhile.
+    allowed = RPM + RPM / 60 * elapsed
+    assert RPM <= total <= allowed * 1.05, (admitted, refused, elapsed)
+    # Both replicas charged it and both refused: neither had a bucket of its own.
+    assert all(n > 0 for n in admitted) and all(n > 0 for n in refused)
+    assert sum(admitted) + sum(refused) == 3 * RPM
+
+    # The control, in the same run: without Redis each replica has its own bucket.
+    with gateway_process(url_of(up), keys) as a, gateway_process(url_of(up), keys) as b:
+        alone, _, _ = await _burst([a, b], 3 * RPM)
+    assert sum(alone) >= 2 * RPM
+    print(f"shared: admitted {admitted} refused {refused} in {elapsed:.2f}s "
+          f"(bucket allows {allowed:.1f}); without Redis: admitted {alone}")
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("mode", ["open", "closed"])
+async def test_gateway_keeps_serving_when_redis_dies(
+    upstreams: UpstreamFactory, redis: RedisServer, tmp_path: Path, mode: str
+) -> None:
+    up = upstreams()
+    keys = _keys_file(tmp_path)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with gateway_process(url_of(up), keys, limits_redis_url=redis.url,
+                         limits_redis_fail=mode) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            assert (await client.post("/v1/completions", json=BODY, headers=headers)).is_success
+            redis.stop()
+            answers = [await client.post("/v1/completions", json=BODY, headers=headers)
+                       for _ in range(10)]
+            metrics = (await client.get("/metrics")).text
+            # Endpoints without per-key charges are unaffected either way.
+            assert (await client.get("/v1/models", headers=headers)).status_code == 200
+    if mode == "open":
+        assert [r.status_code for r in answers] == [200] * 10
+    else:
+        for r in answers:
+            assert r.status_code == 503, r.text
+            err = r.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"}
+            assert err["code"] == "rate_limits_unavailable"
+            assert int(r.headers["retry-after"]) >= 1
+    errors = [line for line in metrics.splitlines()
+              if line.startswith("llmserve_shared_limits_errors_total ")]
+    assert errors and float(errors[0].split()[1]) >= 1
+
+
+def test_without_redis_each_replica_enforces_its_share() -> None:
+    key = ApiKey("acme", b"\0" * 32, rpm=RPM, tpm=6000)
+    tenant = Tenants(GatewayMetrics(), "normal", replicas=4).for_key(key)
+    assert tenant.limits.requests is not None and tenant.limits.tokens is not None
+    assert tenant.limits.requests.capacity == RPM / 4
+    assert tenant.limits.tokens.capacity == 6000 / 4
+    admitted = 0
+    while tenant.limits.admit() is None:
+        admitted += 1
+    assert admitted == RPM // 4
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"limits_redis_url": "redis://r:6379/0", "limit_replicas": 3}, "set one of the two"),
+        ({"limits_redis_url": "http://r:6379"}, "limits_redis_url must be a redis://"),
+        ({"limits_redis_fail": "maybe"}, "limits_redis_fail"),
+        ({"limit_replicas": 0}, "limit_replicas"),
+    ],
+)
+def test_settings_refuse_inconsistent_shared_limits(values: dict[str, object],
+                                                    fragment: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        FlowSettings.model_validate(values)
+    assert fragment in str(err.value)
