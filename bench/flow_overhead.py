@@ -5,7 +5,7 @@ Same method as bench/gateway_overhead.py (gateway pinned to CPU 0; upstream, wrk
 client on CPU 1; rounds alternate; medians), plus an `Authorization` header on every request so
 the auth path is really taken. Limits are set high enough that nothing is refused.
 
-    python -m bench.flow_overhead [--duration 6] [--repeats 3]
+    python -m bench.flow_overhead [--duration 6] [--repeats 3] [--redis-url redis://...]
 """
 
 from __future__ import annotations
@@ -109,6 +109,9 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--latency-requests", type=int, default=400)
+    p.add_argument("--redis-url", default=None,
+                   help="also measure flow-on with the per-key limits shared in this Redis "
+                        "(redis://127.0.0.1:6379/0): one round trip per request")
     args = p.parse_args()
     import uvloop
 
@@ -131,6 +134,8 @@ def main() -> int:
         "flow-on": f"--api-keys-file {keys} --flow-enabled --batch-enabled "
                    "--flow-max-limit 4096 --flow-initial-limit 1024",
     }
+    if args.redis_url:
+        variants["flow-on+redis"] = variants["flow-on"] + f" --flow-limits-redis-url {args.redis_url}"
     procs = [start(f"{sys.executable} -m bench.fake_upstream --port {up_port} "
                    f"--tokens {args.tokens}", "1")]
     try:
