@@ -15,7 +15,6 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Send
@@ -175,27 +174,10 @@ def _json(exc: GatewayError) -> Response:
     )
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    msg = str(first.get("msg", "invalid value"))
-    return (f"{param}: {msg}" if param else msg), param
-
-
 def install_handlers(app: FastAPI) -> None:
     async def on_gateway_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)
         return _json(exc)
-
-    async def on_validation(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        message, param = _validation_message(exc)
-        # OpenAI answers malformed requests with 400, not FastAPI's 422.
-        return _json(InvalidRequest(message, param=param))
 
     async def on_http(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -215,6 +197,5 @@ def install_handlers(app: FastAPI) -> None:
         return _json(GatewayError("internal error"))
 
     app.add_exception_handler(GatewayError, on_gateway_error)
-    app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)

@@ -71,9 +71,7 @@ def _remove_if_empty(dirs: list[Path]) -> None:
             return
 
 
-def pull(
-    settings: StoreSettings, src: S3Url, dest: Path, log: Log, *, stream_is: Progress | None = None
-) -> Path:
+def pull(settings: StoreSettings, src: S3Url, dest: Path, log: Log) -> Path:
     dest = Path(os.path.abspath(dest))
     if is_complete(dest):
         log(f"{dest}: already complete")

@@ -169,16 +169,14 @@ class ProxyEndpoint:
             if backend is None:
                 break
             try:
-                done = await self._attempt(backend, req, raw, headers, send, started, pool,
-                                           tenant)
+                await self._attempt(backend, req, raw, headers, send, started, pool, tenant)
             except GatewayError as exc:
                 # Nothing reached the client yet: safe to try another replica.
                 last_error = _failed(d, model, backend, exc)
                 continue
             finally:
                 backend.release()
-            if done:
-                return
+            return
 
         if last_error is None:
             if d.router.knows_any_model() and not d.router.knows_model(model):
@@ -229,8 +227,9 @@ class ProxyEndpoint:
         started: float,
         pool: Pool | None,
         tenant: Tenant | None,
-    ) -> bool:
-        """One try on one replica. Raises GatewayError only while the client has seen nothing."""
+    ) -> None:
+        """One try on one replica: it answers the client, or raises GatewayError while the client
+        has seen nothing (the caller may then retry elsewhere)."""
         d = self._d
         dispatched = d.flow.clock() if pool is not None and d.flow is not None else 0.0
         resp = await d.transport.post(
@@ -245,13 +244,12 @@ class ProxyEndpoint:
                 d.router.report_success(backend)
                 await _send_json(send, resp.status, normalize_upstream_error(resp.status, body))
                 d.metrics.requests.labels(req.model, backend.url, str(resp.status)).inc()
-                return True
+                return
             if req.stream:
                 await self._relay_stream(backend, req, resp, send, started, pool, tenant,
                                          dispatched)
             else:
                 await self._relay_whole(backend, req, resp, send, started, tenant)
-            return True
         except BaseException:
             resp.close()
             raise

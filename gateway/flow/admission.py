@@ -230,9 +230,6 @@ class Admission:
         p = self._pools.get(model)
         return len(p.queue) if p is not None else 0
 
-    def pools(self) -> list[Pool]:
-        return list(self._pools.values())
-
     async def check_limits(self, tenant: Tenant, pool_name: str) -> None:
         """Charge the tenant one request; raises `RateLimited` (429) if a bucket refuses.
 

@@ -52,9 +52,6 @@ class FairQueue:
     def __len__(self) -> int:
         return self._size
 
-    def depth(self, cls: int) -> int:
-        return self._classes[cls].size
-
     def push(self, w: Waiter) -> Waiter | None:
         """Enqueue `w`. Returns a waiter pushed out to make room (the caller refuses it).
 

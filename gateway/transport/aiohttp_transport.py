@@ -30,10 +30,6 @@ class AiohttpResponse:
         self._loop = deadline._loop
         self.status = resp.status
 
-    @property
-    def timed_out(self) -> bool:
-        return self._deadline.expired is not None
-
     def _failure(self, exc: BaseException) -> Exception:
         if self._deadline.expired is not None:
             return UpstreamTimeout(f"upstream timed out: {self._deadline.expired}")

@@ -1,8 +1,8 @@
 """The upstream transport interface: how the gateway talks HTTP to an engine.
 
 The proxy and the health prober depend only on these two small protocols, so the HTTP client can be
-swapped (the aiohttp implementation won the overhead benchmark; see README) and tests can substitute
-a transport without a network.
+swapped (`h1`, the httptools client, is the default: it beat the aiohttp one on the overhead
+benchmark, docs/benchmarks.md) and tests can substitute a transport without a network.
 """
 
 from __future__ import annotations
@@ -13,11 +13,6 @@ from typing import Protocol
 
 class UpstreamResponse(Protocol):
     status: int
-
-    @property
-    def timed_out(self) -> bool:
-        """True once a deadline (first byte, idle, total) has expired and aborted the response."""
-        ...
 
     async def read(self) -> bytes:
         """The whole body (non-streaming responses)."""

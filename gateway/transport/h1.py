@@ -163,11 +163,6 @@ class H1Response:
         self.readany = conn.readany  # bound once: the per-chunk call skips one attribute lookup
         self._done = False
 
-    @property
-    def timed_out(self) -> bool:
-        d = self._conn.deadline
-        return d is not None and d.expired is not None
-
     async def read(self) -> bytes:
         parts = []
         while chunk := await self._conn.readany():
