@@ -1,7 +1,9 @@
-"""Lifecycle of `python -m gateway`: a bad setting fails fast; SIGTERM drains in-flight streams."""
+"""Lifecycle of `python -m gateway`: a bad setting fails fast; SIGTERM turns /ready unready and
+drains in-flight streams."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -10,7 +12,11 @@ import threading
 import time
 
 import httpx
+import uvicorn
 
+from gateway.app import build_app
+from gateway.server import _DrainingServer
+from gateway.settings import GatewaySettings
 from tests.gateway.conftest import UpstreamFactory, free_port, url_of
 
 
@@ -63,3 +69,26 @@ def test_sigterm_lets_the_inflight_stream_finish_then_exits(upstreams: UpstreamF
             gw.wait()
         assert gw.stderr is not None
         gw.stderr.close()
+
+
+async def test_ready_turns_unready_when_the_drain_starts(upstreams: UpstreamFactory) -> None:
+    """Step 3 of the lifecycle: the signal handler flips /ready to 503 before uvicorn stops
+    accepting; /health (liveness) stays 200 so the drain is not cut short by a restart."""
+    up = upstreams()
+    settings = GatewaySettings(backends=[url_of(up)], health_interval_s=0.1)
+    app = build_app(settings)
+    async with app.api.router.lifespan_context(app.api), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://gw"
+    ) as client:
+        deadline = time.monotonic() + 10
+        while (await client.get("/ready")).status_code != 200:
+            assert time.monotonic() < deadline, "the backend was never probed up"
+            await asyncio.sleep(0.05)
+        server = _DrainingServer(uvicorn.Config(app), app.state)
+        server.handle_exit(signal.SIGTERM, None)
+        r = await client.get("/ready")
+        assert r.status_code == 503
+        assert r.json()["error"]["message"] == "gateway is draining"
+        assert int(r.headers["retry-after"]) >= 1
+        assert (await client.get("/health")).status_code == 200
+        assert server.should_exit  # and uvicorn's own shutdown was started

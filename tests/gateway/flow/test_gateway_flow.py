@@ -93,12 +93,12 @@ async def test_overload_is_503_fast_and_admitted_ones_succeed(upstreams: Upstrea
         statuses = sorted(s for s, _, _ in results)
         assert set(statuses) <= {200, 503}
         assert 2 <= statuses.count(200) <= 12 and statuses.count(503) >= 8, statuses
-        for status, elapsed, r in results:
+        for status, _, r in results:
             if status == 503:
                 assert_openai_error(r, 503, "overloaded")
-                # Client, gateway and upstream share one process (and its GIL) here; the
-                # < 50 ms claim is measured out of process by bench/flow_engine.py.
-                assert elapsed < 0.5, elapsed
+        # Refused at the door: the upstream saw only the admitted ones. (How fast a refusal is,
+        # is measured out of process by bench/flow_overhead.py and bench/flow_engine.py.)
+        assert up.completions == statuses.count(200)
         assert 'llmserve_concurrency_limit{pool="demo"}' in text
         assert 'llmserve_queue_depth{pool="demo"} 0.0' in text
         assert gw.metric("llmserve_rejections_total") == statuses.count(503)
