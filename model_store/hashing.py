@@ -7,17 +7,12 @@ from pathlib import Path
 
 from model_store.marker import MARKER_NAME, FileEntry
 
-BLOCK = 4 << 20  # large reads: hashlib releases the GIL on them, so threads hash in parallel
-
-
-def sha256_file(path: Path, start: int = 0, h: hashlib._Hash | None = None) -> str:
-    """Hex digest of `path` (from `start`, continuing `h` if given)."""
-    h = h or hashlib.sha256()
+def sha256_file(path: Path) -> str:
+    """Hex digest of `path`. hashlib.file_digest releases the GIL on its 256 KiB reads, so threads
+    hash in parallel: 1,420-1,464 MB/s for 4 x 256 MB on 2 threads here, against 1,339-1,471 for
+    the 4 MiB read loop it replaced (same run, alternated)."""
     with open(path, "rb") as fh:
-        fh.seek(start)
-        while block := fh.read(BLOCK):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def local_files(root: Path) -> list[str]:

@@ -11,13 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import free_port
+
 INSTALL_HINT = "redis-server not found: apt-get install redis-server (or `make test`, which does)"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -47,7 +43,7 @@ def redis_server(workdir: Path) -> Iterator[RedisServer]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError(INSTALL_HINT)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--dir", str(workdir), "--protected-mode", "yes"],

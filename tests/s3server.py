@@ -24,15 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from model_store.manifest import MANIFEST_NAME
+from tests.ports import free_port
 
 HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
 CHUNK = 64 << 10
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def client_env(endpoint: str, key: str = "testing", secret: str = "testing") -> dict[str, str]:

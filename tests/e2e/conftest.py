@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,28 +11,14 @@ import httpx
 import pytest
 
 from devstack.stack import LocalStack
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port, free_port_pair
 
 
 @pytest.fixture(scope="session")
 def stack(s3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     # The workers serve the demo model as pulled from the loopback S3 server (model_store push, then
     # pull), so every engine test also runs on a model that came through S3.
-    base = free_port()
-    # Two consecutive free ports are not guaranteed; probe from a random base until both bind.
-    while True:
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", base))
-                b.bind(("127.0.0.1", base + 1))
-            break
-        except OSError:
-            base = free_port()
+    base = free_port_pair()
     logs = tmp_path_factory.mktemp("stack-logs")
     s = LocalStack(
         s3_model_dir,

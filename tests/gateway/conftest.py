@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,12 +15,7 @@ import uvicorn
 from bench.fake_upstream import Behaviour, FakeUpstream, start_in_thread
 from gateway.app import build_app
 from gateway.settings import GatewaySettings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port
 
 
 class RunningGateway:

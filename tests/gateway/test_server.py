@@ -17,7 +17,8 @@ import uvicorn
 from gateway.app import build_app
 from gateway.server import _DrainingServer
 from gateway.settings import GatewaySettings
-from tests.gateway.conftest import UpstreamFactory, free_port, url_of
+from tests.gateway.conftest import UpstreamFactory, url_of
+from tests.ports import free_port
 
 
 def test_bad_setting_is_one_line_naming_it() -> None:

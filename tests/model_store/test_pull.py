@@ -17,7 +17,8 @@ from tests.model_store.conftest import (
     assert_same_model,
     one_line_error,
 )
-from tests.s3server import Counter, free_port, moto_server
+from tests.ports import free_port
+from tests.s3server import Counter, moto_server
 
 pytestmark = pytest.mark.s3
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tests.ports import free_port
 from worker.launcher import group_members
 
 if TYPE_CHECKING:
@@ -21,12 +21,6 @@ if TYPE_CHECKING:
 # Measured 85-170 s on 2 cores (torch.compile warm-up); leave room for a busy machine.
 READY_TIMEOUT_S = 900
 DRAIN_TIMEOUT_S = 30
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def children_of(pid: int) -> list[int]:

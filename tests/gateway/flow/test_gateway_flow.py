@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 
 from gateway.flow.keys import hash_key
-from tests.gateway.conftest import UpstreamFactory, free_port, run_gateway, url_of
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.ports import free_port
 
 BODY = {"model": "demo", "prompt": "hi", "max_tokens": 4}
 

@@ -22,7 +22,8 @@ from gateway.flow.keys import ApiKey, hash_key
 from gateway.flow.tenants import Tenants
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
-from tests.gateway.conftest import UpstreamFactory, free_port, url_of
+from tests.gateway.conftest import UpstreamFactory, url_of
+from tests.ports import free_port
 from tests.redisserver import RedisServer, redis_server
 
 REPO = Path(__file__).resolve().parents[3]
