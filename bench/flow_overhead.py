@@ -129,13 +129,13 @@ def main() -> int:
     base = (f"{sys.executable} -m gateway --host 127.0.0.1 --port {{port}} --backend {upstream} "
             "--log-level warning ")
     variants = {
-        "flow-off": "--no-flow-enabled --no-batch-enabled",
-        "batch-only": "--no-flow-enabled --batch-enabled",
-        "flow-on": f"--api-keys-file {keys} --flow-enabled --batch-enabled "
-                   "--flow-max-limit 4096 --flow-initial-limit 1024",
+        "flow-off": "--no-flow.enabled --no-batch.enabled",
+        "batch-only": "--no-flow.enabled --batch.enabled",
+        "flow-on": f"--api-keys-file {keys} --flow.enabled --batch.enabled "
+                   "--flow.max-limit 4096 --flow.initial-limit 1024",
     }
     if args.redis_url:
-        variants["flow-on+redis"] = variants["flow-on"] + f" --flow-limits-redis-url {args.redis_url}"
+        variants["flow-on+redis"] = variants["flow-on"] + f" --flow.limits-redis-url {args.redis_url}"
     procs = [start(f"{sys.executable} -m bench.fake_upstream --port {up_port} "
                    f"--tokens {args.tokens}", "1")]
     try:
@@ -171,8 +171,8 @@ def main() -> int:
         wait_ok(f"http://127.0.0.1:{slow_port}/health")
         procs.append(start(
             base.replace(upstream, f"http://127.0.0.1:{slow_port}").format(port=tight_port)
-            + f"--api-keys-file {keys} --flow-initial-limit 1 --flow-min-limit 1 "
-            "--flow-max-limit 1 --flow-max-queue 0 --no-flow-scrape-engines", "0"))
+            + f"--api-keys-file {keys} --flow.initial-limit 1 --flow.min-limit 1 "
+            "--flow.max-limit 1 --flow.max-queue 0 --no-flow.scrape-engines", "0"))
         tight = f"http://127.0.0.1:{tight_port}"
         wait_ok(tight + "/ready")
         refusals = asyncio.run(rejection_latency(tight, args.latency_requests))

@@ -33,7 +33,7 @@ def wait_http_ok(url: str, timeout_s: float, procs: list[Proc]) -> None:
 # The gateway's default TTFT target (4 s, 1 s of it queueing) suits GPU engines. One vLLM-CPU
 # replica per core takes 3-5 s to the first token of a 32-stream burst with nothing wrong, and at
 # that target admission control would refuse part of every burst the local stack can serve.
-CPU_FLOW_ARGS = ("--flow-ttft-target-s", "20", "--flow-queue-timeout-s", "5")
+CPU_FLOW_ARGS = ("--flow.ttft-target-s", "20", "--flow.queue-timeout-s", "5")
 
 
 @dataclass

@@ -1,74 +1,48 @@
-"""Every GatewaySettings field as a CLI flag, generated from the model so the two never drift.
+"""`python -m gateway` flags: every GatewaySettings field, added by pydantic-settings' own CLI
+source (CliSettingsSource) to this parser, so settings and flags never drift.
 
-Flags override env (`GATEWAY_*`), which overrides defaults. Nested value objects get one flag per
-field (`--timeouts-connect-s`); list fields repeat (`--backend URL --backend URL`).
+Flags override env (`GATEWAY_*`), which overrides defaults. Nested value objects get dotted
+flags (`--timeouts.connect-s`, `--flow.max-limit`, `--no-flow.enabled`); lists repeat
+(`--backends URL --backends URL`, or `--backend`).
 """
 
 from __future__ import annotations
 
 import argparse
-import typing
-from typing import Any
+from typing import Any, NoReturn
 
-from pydantic import BaseModel, ValidationError
-from pydantic.fields import FieldInfo
+from pydantic import ValidationError
+from pydantic_settings import CliSettingsSource
 
 from gateway.settings import GatewaySettings
 
-# Singular spellings read better for repeated flags.
-_FLAG_NAMES = {"backends": "backend"}
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line naming the problem, not a 40-line usage dump.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _add_field(
-    parser: argparse.ArgumentParser, dest: str, env: str, info: FieldInfo, flag: str
-) -> None:
-    ann = info.annotation
-    origin = typing.get_origin(ann)
-    default = info.get_default(call_default_factory=True)
-    help_ = f"{info.description or ''} (env {env}; default {default!r})".strip()
-    kwargs: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS, "help": help_}
-    if origin is list:
-        parser.add_argument(f"--{flag}", action="append", metavar="VALUE", **kwargs)
-    elif origin is typing.Literal:
-        parser.add_argument(f"--{flag}", choices=[str(c) for c in typing.get_args(ann)], **kwargs)
-    elif ann is bool:
-        parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, **kwargs)
-    else:
-        parser.add_argument(f"--{flag}", metavar=dest.split(".")[-1].upper(), **kwargs)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[GatewaySettings]]:
+    parser = _Parser(
         prog="python -m gateway",
-        description="llmserve gateway: OpenAI-compatible API in front of vLLM replicas.",
+        description="llmserve gateway: OpenAI-compatible API in front of vLLM replicas. Every "
+                    "flag is also an env var: GATEWAY_<NAME>, GATEWAY_<GROUP>__<NAME> for a "
+                    "dotted one (GATEWAY_FLOW__MAX_LIMIT for --flow.max-limit).",
     )
-    for name, info in GatewaySettings.model_fields.items():
-        ann = info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            for sub, sub_info in ann.model_fields.items():
-                _add_field(
-                    parser, f"{name}.{sub}", f"GATEWAY_{name.upper()}__{sub.upper()}", sub_info,
-                    f"{name}-{sub}".replace("_", "-"),
-                )
-        else:
-            flag = _FLAG_NAMES.get(name, name).replace("_", "-")
-            _add_field(parser, name, f"GATEWAY_{name.upper()}", info, flag)
-    return parser
+    source: CliSettingsSource[GatewaySettings] = CliSettingsSource(
+        GatewaySettings, root_parser=parser, cli_kebab_case=True, cli_implicit_flags=True,
+        cli_shortcuts={"backends": "backend"},
+    )
+    return parser, source
 
 
 def settings_from_args(argv: list[str] | None = None) -> GatewaySettings:
     """Parse flags and build settings; raises SystemExit(2) with a one-line message on bad values."""
-    parser = build_parser()
-    ns = vars(parser.parse_args(argv))
-    overrides: dict[str, Any] = {}
-    for dest, value in ns.items():
-        head, _, tail = dest.partition(".")
-        if tail:
-            overrides.setdefault(head, {})[tail] = value
-        else:
-            overrides[head] = value
+    parser, source = build_parser()
+    given: dict[str, Any] = source(parsed_args=parser.parse_args(argv))()
     try:
-        return GatewaySettings(**overrides)
+        return GatewaySettings(**given)
     except ValidationError as exc:
         parser.exit(2, f"{parser.prog}: error: {describe(exc)}\n")
 

@@ -1,52 +1,45 @@
-"""Every StoreSettings field as a CLI flag (`part_size` -> `--part-size`), generated from the fields.
+"""Every StoreSettings field as a flag on each verb (`part_size` -> `--part-size`), added by
+pydantic-settings' own CLI source (CliSettingsSource), so settings and flags never drift.
 
-Flags override the ``MODEL_STORE_*`` env vars, which override the defaults; a flag left out does
-not appear in the namespace (SUPPRESS), so the env var still applies. Values are parsed by the
-settings object itself, so `--part-size 16MiB` and `MODEL_STORE_PART_SIZE=16MiB` mean the same.
+Flags override the ``MODEL_STORE_*`` env vars, which override the defaults; a flag left out is
+absent from the namespace, so the env var still applies. Values are parsed by the settings object
+itself, so `--part-size 16MiB` and `MODEL_STORE_PART_SIZE=16MiB` mean the same.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import typing
 from typing import Any
 
+from pydantic_settings import CliSettingsSource
+
 from model_store.settings import SettingsError, StoreSettings, env_name
+
+ENV_RULE = (
+    "Each setting flag is also an env var, --part-size as MODEL_STORE_PART_SIZE (flags win); "
+    "AWS_* credentials as usual."
+)
 
 
 def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _default_text(value: Any) -> str:
-    return "unset" if value is None else str(value)
+def _source(parser: argparse.ArgumentParser | None = None) -> CliSettingsSource[StoreSettings]:
+    return CliSettingsSource(StoreSettings, root_parser=parser, cli_kebab_case=True,
+                             cli_implicit_flags=True)
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group(
-        "S3 and transfer settings (each also an env var; flags win; AWS_* credentials as usual)"
-    )
-    for name, info in StoreSettings.model_fields.items():
-        help_text = (
-            f"{info.description} [env {env_name(name)}; default {_default_text(info.default)}]"
-        ).replace("%", "%%")
-        kwargs: dict[str, Any] = {"dest": f"setting_{name}", "default": argparse.SUPPRESS}
-        if info.annotation is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(info.annotation) is typing.Literal:
-            kwargs["choices"] = list(typing.get_args(info.annotation))
-        else:
-            kwargs["metavar"] = name.upper()
-        group.add_argument(flag(name), help=help_text, **kwargs)
+    _source(parser)
+    parser.epilog = ENV_RULE
 
 
-def settings_overrides(args: argparse.Namespace) -> dict[str, object]:
-    return {
-        key.removeprefix("setting_"): value
-        for key, value in vars(args).items()
-        if key.startswith("setting_")
-    }
+def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given as flags (names as StoreSettings spells them)."""
+    given = {k: v for k, v in vars(args).items() if k in StoreSettings.model_fields}
+    return dict(_source()(parsed_args=argparse.Namespace(**given))())
 
 
 def with_flag_names(exc: SettingsError) -> str:

@@ -16,14 +16,13 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal, NoReturn, get_args, get_origin
+from typing import Any, NoReturn
 
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
+from pydantic_settings import CliSettingsSource
 
 from worker.argv import build_command
 from worker.launcher import EngineStartError, Launcher, MarkerTimeout
-from worker.settings import LWS_ENV, SettingsError, WorkerSettings, env_name, load_settings
+from worker.settings import LWS_ENV, SettingsError, WorkerSettings, load_settings
 
 EXIT_BAD_SETTINGS = 2
 EXIT_FAILED = 1
@@ -35,27 +34,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_SETTINGS, f"worker: error: {message} (see --help)\n")
 
 
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
-def _default_text(info: FieldInfo) -> str:
-    if info.default_factory is not None:
-        return "empty"
-    if info.default is PydanticUndefined:
-        return "required"
-    return "unset" if info.default is None else str(info.default)
-
-
-def _help(field: str, info: FieldInfo) -> str:
-    extra = f"; LWS fallback {LWS_ENV[field]}" if field in LWS_ENV else ""
-    return f"{info.description} [env {env_name(field)}; default: {_default_text(info)}{extra}]"
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[WorkerSettings]]:
+    lws = ", ".join(f"--{f.replace('_', '-')} from {var}" for f, var in LWS_ENV.items())
     parser = _Parser(
         prog="python -m worker",
         description=__doc__,
+        epilog=f"In a LeaderWorkerSet pod, unset settings fall back to its environment: {lws}.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -65,19 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="run",
         help="run (default): start and supervise vLLM; argv: print its command as JSON",
     )
-    group = parser.add_argument_group("settings (each also an env var, which the flag overrides)")
-    for field, info in WorkerSettings.model_fields.items():
-        # SUPPRESS: a flag not given leaves the env var / LWS value / default in charge.
-        choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else None
-        group.add_argument(
-            _flag(field),
-            dest=field,
-            default=argparse.SUPPRESS,
-            choices=choices,
-            metavar="{" + ",".join(choices) + "}" if choices else field.upper(),
-            help=_help(field, info),
-        )
-    return parser
+    # Every WorkerSettings field as a flag, added by pydantic-settings' own CLI source; a flag not
+    # given leaves the env var / LWS value / default in charge.
+    source: CliSettingsSource[WorkerSettings] = CliSettingsSource(
+        WorkerSettings, root_parser=parser, cli_kebab_case=True, cli_implicit_flags=True,
+    )
+    return parser, source
 
 
 def _split_passthrough(args: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -95,9 +72,10 @@ def _fail(code: int, message: str) -> NoReturn:
 
 def main(args: Sequence[str] | None = None) -> int:
     own, passthrough = _split_passthrough(sys.argv[1:] if args is None else args)
-    parsed = vars(build_parser().parse_args(own))
-    mode = parsed.pop("mode")
-    overrides: dict[str, Any] = parsed
+    parser, source = build_parser()
+    parsed = parser.parse_args(own)
+    mode = parsed.mode
+    overrides: dict[str, Any] = source(parsed_args=parsed)()
     try:
         settings = load_settings(**overrides)
     except SettingsError as exc:

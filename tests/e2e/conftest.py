@@ -28,7 +28,7 @@ def stack(s3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         log_dir=logs,
         # Fast probes so the failover test sees ejection and recovery within seconds.
         gateway_args=["--health-interval-s", "0.5", "--eject-for-s", "3",
-                      "--timeouts-first-byte-s", "120"],
+                      "--timeouts.first-byte-s", "120"],
     )
     try:
         s.start_workers()

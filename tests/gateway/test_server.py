@@ -22,8 +22,8 @@ from tests.ports import free_port
 
 
 def test_bad_setting_is_one_line_naming_it() -> None:
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--timeouts-total-s", "1",
-                           "--timeouts-first-byte-s", "5"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--timeouts.total-s", "1",
+                           "--timeouts.first-byte-s", "5"], capture_output=True, text=True,
                           timeout=30, check=False)
     assert proc.returncode == 2
     assert "GATEWAY_TIMEOUTS" in proc.stderr and "Traceback" not in proc.stderr
