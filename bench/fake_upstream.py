@@ -58,6 +58,11 @@ class Behaviour(BaseSettings):
     token_delay_s: float = Field(0.0, ge=0, le=60,
                                  description="sleep before each streamed event (and tokens x this "
                                              "before a non-streamed answer)")
+    first_token_delay_s: float = Field(0.0, ge=0, le=60,
+                                       description="sleep before the first streamed event "
+                                                   "(time to first token), instead of "
+                                                   "token_delay_s; the first token follows "
+                                                   "the role event at once, as vLLM sends them")
     fail_status: int = Field(0, description="answer every completion with this HTTP status "
                                             "(400-599) and an OpenAI error body; 0: never")
     drop_after: int = Field(-1, ge=-1, description="close the connection after this many SSE "
@@ -364,7 +369,7 @@ class _Protocol(asyncio.Protocol):
             return
         so = body.get("stream_options") or {}
         events = u.answers.events(kind, bool(so.get("include_usage")), n, prompts)
-        if b.token_delay_s or b.drop_after >= 0:
+        if b.token_delay_s or b.first_token_delay_s or b.drop_after >= 0:
             await self._stream_slowly(events)
             return
         for data in u.answers.writes(events):
@@ -383,8 +388,11 @@ class _Protocol(asyncio.Protocol):
                 assert self.transport is not None
                 self.transport.close()
                 raise ConnectionError("scripted drop")
-            if b.token_delay_s:
-                await asyncio.sleep(b.token_delay_s)
+            delay = b.token_delay_s
+            if b.first_token_delay_s:
+                delay = b.first_token_delay_s if i == 0 else (0.0 if i == 1 else delay)
+            if delay:
+                await asyncio.sleep(delay)
             if self.transport is None:
                 u.aborted += 1
                 raise ConnectionError("client went away mid-stream")

@@ -44,8 +44,8 @@ QUEUE_HEADROOM = 0.5
 class Pool:
     """One model's backends as admission sees them: limit, in-flight count, queue, drain rate."""
 
-    __slots__ = ("_clock", "_metrics", "_overflows", "_queue_time", "_settings", "_weights",
-                 "by_tenant", "drain", "in_flight", "limiter", "name", "queue")
+    __slots__ = ("_clock", "_empty_since", "_metrics", "_overflows", "_queue_time", "_settings",
+                 "_weights", "by_tenant", "drain", "in_flight", "limiter", "name", "queue")
 
     def __init__(
         self, name: str, settings: FlowSettings, metrics: GatewayMetrics,
@@ -65,6 +65,7 @@ class Pool:
         self.queue = FairQueue(settings.max_queue)
         self.drain = DrainRate(clock)
         self.in_flight = 0
+        self._empty_since = clock()
         # Admitted requests per tenant (and its weight), for the fair-share check below.
         self.by_tenant: dict[str, int] = {}
         self._weights: dict[str, float] = {}
@@ -73,6 +74,8 @@ class Pool:
 
     def try_acquire(self, tenant: str = ANONYMOUS, weight: float = 1.0) -> bool:
         """The fast path: a free slot and nobody waiting for it."""
+        if not self.in_flight:  # the first request after the pool emptied: was it idle long?
+            self.limiter.on_idle(self._clock() - self._empty_since)
         if self.in_flight < self.limiter.limit and not self.queue._size:
             self._take(tenant, weight)
             self._queue_time.observe(0.0)
@@ -156,12 +159,26 @@ class Pool:
         else:
             del self.by_tenant[tenant]
             del self._weights[tenant]
-        self.drain.tick(self._clock())
+        now = self._clock()
+        self.drain.tick(now)
         if self.queue._size:
             self._dispatch()
+        elif not self.in_flight:
+            self._empty_since = now
 
     def sample(self, ttft_s: float, dispatched_at: float) -> None:
+        before = self.limiter.limit
         self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight)
+        grown = self.limiter.limit - before
+        if grown > 0:
+            # New slots serve the queue as completions do: count them in the drain rate (during
+            # slow start no completion has come back yet, and the wait estimate would refuse
+            # what the next round trip admits), and hand them to whoever waits now.
+            now = self._clock()
+            for _ in range(grown):
+                self.drain.tick(now)
+            if self.queue._size:
+                self._dispatch()
 
     def pressure(self) -> None:
         """The engines report waiting requests or a full KV cache (see flow.scrape)."""

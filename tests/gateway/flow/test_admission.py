@@ -207,3 +207,39 @@ async def test_a_lone_tenant_never_jumps_its_own_queue() -> None:
     t = adm.tenants.for_key(key("only"))
     await pool.acquire(t, 1), await pool.acquire(t, 1)
     assert not pool.under_share(t)
+
+
+async def test_slots_the_limit_grows_go_to_the_queue_at_once() -> None:
+    # A cold pool: 2 slots, engines far below target. Waiters must not sit until a completion.
+    clock = FakeClock()
+    adm, _ = admission(clock, max_queue=10, queue_timeout_s=1.0, ttft_target_s=4.0)
+    pool = adm.pool("demo")
+    t = adm.tenants.for_key(None)
+    pace(pool, clock, 100.0)
+    assert pool.try_acquire() and pool.try_acquire()
+    waiters = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert len(pool.queue) == 3
+    dispatched = clock()
+    pool.sample(0.1, dispatched)  # slow start: one more slot ...
+    await asyncio.sleep(0)
+    assert sum(w.done() for w in waiters) == 1 and pool.in_flight == 3  # ... served now
+    pool.sample(0.1, dispatched)
+    pool.sample(0.1, dispatched)
+    await asyncio.gather(*waiters)
+    assert pool.in_flight == 5 and len(pool.queue) == 0
+
+
+async def test_first_request_after_an_idle_spell_meets_a_decayed_limit() -> None:
+    clock = FakeClock()
+    adm, _ = admission(clock, initial_limit=2, max_limit=64)
+    pool = adm.pool("demo")
+    for _ in range(30):  # the limit climbs while it binds
+        assert pool.try_acquire()
+        pool.sample(0.05, clock())
+    assert pool.limiter.limit == 32
+    for _ in range(30):
+        pool.release()
+    clock.advance(10 * 0.8 * 2 + 0.1)  # two idle spells of 10 targets (0.8 s: 1.0 - 0.2 queue)
+    assert pool.try_acquire()
+    assert pool.limiter.limit == 8

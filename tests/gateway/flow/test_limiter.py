@@ -13,11 +13,13 @@ def make(clock: FakeClock, initial: int = 10) -> AimdLimiter:
 
 def test_grows_with_the_headroom_while_the_limit_binds(clock: FakeClock) -> None:
     lim = make(clock)
+    lim.on_pressure()  # a decrease ends slow start: 10 -> 9
+    assert lim.limit == 9
     for _ in range(4):
-        lim.on_sample(0.2, clock(), in_flight=10)  # 80% headroom: +0.2 per sample
+        lim.on_sample(0.2, clock(), in_flight=9)  # 80% headroom: +0.2 per sample
+    assert lim.limit == 9
+    lim.on_sample(0.2, clock(), in_flight=9)
     assert lim.limit == 10
-    lim.on_sample(0.2, clock(), in_flight=10)
-    assert lim.limit == 11
     near = make(clock)
     for _ in range(9):
         near.on_sample(0.99, clock(), in_flight=10)  # at the target: +1 per `limit` samples
@@ -28,6 +30,49 @@ def test_grows_with_the_headroom_while_the_limit_binds(clock: FakeClock) -> None
     for _ in range(500):
         lim.on_sample(0.2, clock(), in_flight=lim.limit)
     assert lim.limit == 20  # ceiling
+
+
+def test_slow_start_doubles_per_window_until_the_first_decrease(clock: FakeClock) -> None:
+    lim = AimdLimiter(initial=32, floor=2, ceiling=1024, target_s=3.0, clock=clock)
+    # Engines answer at 0.1 s against a 3 s target: every sample of a full window adds a slot.
+    for window in range(4):
+        for _ in range(lim.limit):
+            lim.on_sample(0.1, clock(), in_flight=lim.limit)
+        assert lim.limit == 32 * 2 ** (window + 1)
+    # Near the target it is additive again (no whole slot per sample).
+    lim.on_sample(2.0, clock(), in_flight=lim.limit)
+    assert lim.limit == 512
+    # The first miss ends slow start for good: far-below-target samples then grow additively.
+    clock.advance(1)
+    lim.on_sample(6.0, clock(), in_flight=512)
+    assert lim.limit == 256
+    for _ in range(10):
+        lim.on_sample(0.1, clock(), in_flight=256)
+    assert lim.limit == 258  # +0.24 per sample, not +10
+
+
+def test_idle_pool_decays_toward_its_start_and_slow_starts_again(clock: FakeClock) -> None:
+    lim = AimdLimiter(initial=32, floor=2, ceiling=1024, target_s=3.0, clock=clock)
+    for _ in range(200):
+        lim.on_sample(0.1, clock(), in_flight=lim.limit)
+    clock.advance(1)
+    lim.on_sample(6.0, clock(), in_flight=lim.limit)  # slow start over
+    high = lim.limit
+    assert high > 100
+    lim.on_idle(29.0)  # under 10 targets (30 s): not idle
+    assert lim.limit == high
+    lim.on_idle(65.0)  # two idle spells: a quarter, not below the start
+    assert lim.limit == max(32, high // 4)
+    lim.on_idle(10_000.0)
+    assert lim.limit == 32
+    before = lim.limit
+    for _ in range(before):
+        lim.on_sample(0.1, clock(), in_flight=lim.limit)
+    assert lim.limit == 2 * before  # slow start again
+    low = AimdLimiter(initial=32, floor=2, ceiling=1024, target_s=3.0, clock=clock)
+    low.on_pressure()
+    low.on_idle(1000.0)
+    assert low.limit == 28  # below its start: idleness does not raise it
 
 
 def test_no_growth_when_idle(clock: FakeClock) -> None:

@@ -1,0 +1,274 @@
+"""The gateway at a real decode pace, side by side with vllm-router and nginx.
+
+A near-free upstream (bench/fake_upstream.py) streams `--tokens` tokens `--gap-ms` apart after a
+`--ttft-ms` first token, as an engine does: each event arrives alone. An open-loop client sends
+`--rate` requests/s for `--duration` s, hundreds of streams open at once. Each proxy is pinned to
+CPU 0; the upstream and the client share CPU 1. Every round starts each proxy afresh (a cold
+start, as after a deploy), and the proxies alternate (A B C A B C ...): the machine is noisy.
+
+Per proxy and round: statuses, TTFT p50/p99 (from the request's scheduled send time, so a late
+client does not hide queueing), CPU per request from the proxy's own CPU time (all its threads and
+processes, /proc), and the share of its core that took.
+
+    python -m bench.real_pace [--rate 250] [--duration 8] [--rounds 2]
+        [--router /path/to/vllm-router] [--no-nginx] [--gateway-from before=DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.gateway_overhead import free_port, start, stop_all, wait_ok
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` and every process below it (nginx's workers, say)."""
+    total = 0.0
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / TICK
+        todo += children.get(p, [])
+    return total
+
+
+@dataclass
+class Round:
+    statuses: dict[int, int] = field(default_factory=dict)
+    errors: int = 0
+    ttft: list[float] = field(default_factory=list)
+    late: int = 0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def served(self) -> int:
+        return self.statuses.get(200, 0)
+
+
+def _request(port: int, tokens: int) -> bytes:
+    body = (b'{"model":"demo","stream":true,"max_tokens":%d,'
+            b'"messages":[{"role":"user","content":"hi"}]}' % tokens)
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % (port, len(body))
+            + body)
+
+
+async def _one(port: int, raw: bytes, due: float, idle: list[tuple[asyncio.StreamReader,
+               asyncio.StreamWriter]], out: Round) -> None:
+    conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
+    r, w = conn
+    try:
+        w.write(raw)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            data = await r.read(65536)
+            if not data:
+                raise ConnectionError("closed before the head")
+            buf += data
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        status = int(head[9:12])
+        out.statuses[status] = out.statuses.get(status, 0) + 1
+        lower = head.lower()
+        if b"content-length:" in lower:
+            n = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
+            while len(buf) < n:
+                data = await r.read(65536)
+                if not data:
+                    raise ConnectionError("closed mid-body")
+                buf += data
+            idle.append(conn)
+            return
+        seen = False
+        while True:
+            if not seen and b"tok" in buf:  # the first content token
+                seen = True
+                out.ttft.append(time.perf_counter() - due)
+            if buf.endswith(b"0\r\n\r\n"):
+                break
+            data = await r.read(65536)
+            if not data:
+                raise ConnectionError("closed mid-stream")
+            buf = buf[-16:] + data
+        idle.append(conn)
+    except (ConnectionError, OSError, ValueError):
+        out.errors += 1
+        w.close()
+
+
+async def open_loop(port: int, rate: float, duration: float, tokens: int) -> Round:
+    """`rate` requests/s at fixed intervals for `duration`; never waits for an answer to send."""
+    out = Round()
+    raw = _request(port, tokens)
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    tasks: list[asyncio.Task[None]] = []
+    start_t = time.perf_counter()
+    n = int(rate * duration)
+    for i in range(n):
+        due = start_t + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        elif delay < -0.005:
+            out.late += 1
+        tasks.append(asyncio.create_task(_one(port, raw, due, idle, out)))
+    await asyncio.gather(*tasks)
+    for _, w in idle:
+        w.close()
+    return out
+
+
+NGINX_CONF = """
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 16384; }}
+http {{
+  access_log off;
+  upstream up {{ server 127.0.0.1:{up}; keepalive 1024; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 300s;
+    }}
+  }}
+}}
+"""
+
+
+def proxies(args: argparse.Namespace, upstream: int, tmp: Path) -> dict[str, str]:
+    gw = (f"{sys.executable} -m gateway --host 127.0.0.1 --port {{port}} "
+          f"--backend http://127.0.0.1:{upstream} --log-level warning")
+    out = {"gateway": gw, "gateway-no-flow": gw + " --no-flow.enabled"}
+    for extra in args.gateway_from:
+        # Another checkout's gateway (its code first on the path), e.g. before a change.
+        label, _, path = extra.partition("=")
+        out[label] = f"env PYTHONPATH={path} " + gw
+    router = args.router or shutil.which("vllm-router")
+    if router:
+        out["vllm-router"] = (f"{router} --host 127.0.0.1 --port {{port}} --worker-urls "
+                              f"http://127.0.0.1:{upstream} --policy round_robin "
+                              "--log-level warning")
+    if not args.no_nginx and shutil.which("nginx"):
+        out["nginx"] = f"nginx -p {tmp} -c {tmp}/nginx-{{port}}.conf -g 'daemon off;'"
+    return out
+
+
+def run_round(name: str, cmd: str, args: argparse.Namespace, upstream: int, tmp: Path) -> Round:
+    port = free_port()
+    if name == "nginx":
+        (tmp / f"nginx-{port}.conf").write_text(NGINX_CONF.format(dir=tmp, up=upstream,
+                                                                  port=port))
+    proc = start(cmd.format(port=port), "0")
+    try:
+        wait_ok(f"http://127.0.0.1:{port}/health" if name != "nginx"
+                else f"http://127.0.0.1:{port}/health", 60)
+        if name.startswith("gateway"):
+            wait_ok(f"http://127.0.0.1:{port}/ready", 30)
+        cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+        result = asyncio.run(open_loop(port, args.rate, args.duration, args.tokens))
+        result.cpu_s = cpu_seconds(proc.pid) - cpu0
+        result.wall_s = time.perf_counter() - t0
+        return result
+    finally:
+        stop_all([proc])
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.real_pace", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=float, default=250.0, help="requests per second, open loop")
+    p.add_argument("--duration", type=float, default=8.0, help="seconds of load per round")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds per proxy")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per stream")
+    p.add_argument("--gap-ms", type=float, default=20.0, help="time between tokens")
+    p.add_argument("--ttft-ms", type=float, default=100.0, help="upstream time to first token")
+    p.add_argument("--router", help="vllm-router binary (default: on PATH)")
+    p.add_argument("--no-nginx", action="store_true", help="leave nginx out")
+    p.add_argument("--only", action="append", default=[], help="measure only these proxies")
+    p.add_argument("--gateway-from", action="append", default=[], metavar="LABEL=DIR",
+                   help="also the gateway of the checkout at DIR, e.g. before=/tmp/old")
+    args = p.parse_args()
+    if (os.cpu_count() or 1) < 2:
+        p.exit(2, "needs 2 CPUs: the proxy is pinned to CPU 0, upstream and client to CPU 1\n")
+    import uvloop
+
+    uvloop.install()
+    os.sched_setaffinity(0, {1})
+    tmp = Path(tempfile.mkdtemp(prefix="real-pace-"))
+    up = free_port()
+    upstream = start(f"{sys.executable} -m bench.fake_upstream --port {up} --tokens "
+                     f"{args.tokens} --token-delay-s {args.gap_ms / 1e3} "
+                     f"--first-token-delay-s {args.ttft_ms / 1e3}", "1")
+    try:
+        wait_ok(f"http://127.0.0.1:{up}/health")
+        targets = proxies(args, up, tmp)
+        if args.only:
+            targets = {k: v for k, v in targets.items() if k in args.only}
+        rows: dict[str, list[Round]] = {name: [] for name in targets}
+        for r in range(args.rounds):
+            for name, cmd in targets.items():
+                res = run_round(name, cmd, args, up, tmp)
+                rows[name].append(res)
+                n = sum(res.statuses.values()) + res.errors
+                print(f"round {r + 1} {name:16s} sent {n:5d} served {res.served:5d} "
+                      f"statuses {dict(sorted(res.statuses.items()))} errors {res.errors} "
+                      f"late {res.late}  TTFT p50 {pct(res.ttft, .5) * 1e3:6.1f} ms "
+                      f"p99 {pct(res.ttft, .99) * 1e3:7.1f} ms  CPU/req "
+                      f"{res.cpu_s / max(res.served, 1) * 1e6:6.0f} us  core "
+                      f"{res.cpu_s / res.wall_s:.2f}", flush=True)
+        print(f"\n{args.rate:.0f} req/s offered for {args.duration:.0f} s, {args.tokens} tokens "
+              f"{args.gap_ms:.0f} ms apart after {args.ttft_ms:.0f} ms; medians of "
+              f"{args.rounds} cold-start rounds")
+        print("| proxy | refused (non-200) | errors | TTFT p50 (ms) | TTFT p99 (ms) | "
+              "CPU per request (us) | share of its core |")
+        print("|---|---|---|---|---|---|---|")
+        for name, rs in rows.items():
+            med = statistics.median
+            print(f"| {name} | {med(sum(v for k, v in x.statuses.items() if k != 200) for x in rs):.0f}"
+                  f" | {med(x.errors for x in rs):.0f}"
+                  f" | {med(pct(x.ttft, .5) for x in rs) * 1e3:.1f}"
+                  f" | {med(pct(x.ttft, .99) for x in rs) * 1e3:.1f}"
+                  f" | {med(x.cpu_s / max(x.served, 1) for x in rs) * 1e6:.0f}"
+                  f" | {med(x.cpu_s / x.wall_s for x in rs):.2f} |")
+    finally:
+        stop_all([upstream])
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
