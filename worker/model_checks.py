@@ -7,11 +7,11 @@ in milliseconds once the model directory is complete and name the setting to cha
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.layout import sharding_problems, valid_tp
 from worker.settings import SettingsError, WorkerSettings
 
 
@@ -59,30 +59,28 @@ def read_model_shape(model_path: Path) -> ModelShape:
     return ModelShape(source, heads, kv_heads, layers)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def check_layout(settings: WorkerSettings, shape: ModelShape) -> None:
-    """Raise SettingsError (one line per problem) if the layout cannot shard this model."""
-    problems: list[str] = []
+    """Raise SettingsError (one line per problem) if vLLM would refuse this layout for the model.
+
+    The rules are worker/layout.py's, shared with the planner (`python -m worker plan`)."""
     tp, pp = settings.tensor_parallel_size, settings.pipeline_parallel_size
-    valid_tp = ", ".join(
-        map(str, _divisors(math.gcd(shape.num_attention_heads, shape.num_key_value_heads)))
-    )
-    for key, heads in (
-        ("num_attention_heads", shape.num_attention_heads),
-        ("num_key_value_heads", shape.num_key_value_heads),
-    ):
-        if heads % tp:
-            problems.append(
-                f"WORKER_TENSOR_PARALLEL_SIZE={tp} does not divide {key}={heads} of "
-                f"{shape.source}; use one of {valid_tp}"
-            )
+    heads, kv = shape.num_attention_heads, shape.num_key_value_heads
+    problems = sharding_problems(heads, kv, shape.num_hidden_layers, tp, 1)
+    messages = []
+    if problems:
+        # The nearest valid sizes, below and above: the ones a user would try next.
+        valid = valid_tp(heads, kv, max(4 * tp, heads))
+        below = [t for t in valid if t < tp][-1:]
+        above = [t for t in valid if t > tp][:1]
+        nearest = ", ".join(map(str, below + above))
+        messages.append(
+            f"WORKER_TENSOR_PARALLEL_SIZE={tp}: {problems[0]} of {shape.source}; "
+            f"nearest valid: {nearest}"
+        )
     if pp > shape.num_hidden_layers:
-        problems.append(
+        messages.append(
             f"WORKER_PIPELINE_PARALLEL_SIZE={pp} exceeds num_hidden_layers="
             f"{shape.num_hidden_layers} of {shape.source}: every stage needs at least one layer"
         )
-    if problems:
-        raise SettingsError("; ".join(problems))
+    if messages:
+        raise SettingsError("; ".join(messages))

@@ -44,23 +44,31 @@ def test_tp_must_divide_attention_heads(make_model_dir: ModelDirFactory) -> None
         check_layout(
             load_settings(model_path=model, tensor_parallel_size=2), read_model_shape(model)
         )
-    assert str(caught.value).startswith(
-        "WORKER_TENSOR_PARALLEL_SIZE=2 does not divide num_attention_heads=9 of "
-        f"{model}/config.json;"
-        " use one of 1, 3"
+    assert str(caught.value) == (
+        f"WORKER_TENSOR_PARALLEL_SIZE=2: TP=2 does not divide 9 attention heads of "
+        f"{model}/config.json; nearest valid: 1, 3"
     )
 
 
-def test_tp_must_divide_kv_heads(make_model_dir: ModelDirFactory) -> None:
-    model = make_model_dir(heads=8, kv_heads=2)
+def test_tp_above_the_kv_heads_replicates_them(make_model_dir: ModelDirFactory) -> None:
+    # vLLM replicates KV heads when TP exceeds them: TP=4 with 2 KV heads is valid (two ranks
+    # share each head), as is TP=16 with 8. The old check refused these.
+    for heads, kv, tp in ((8, 2, 4), (64, 8, 16), (32, 8, 32)):
+        model = make_model_dir(name=f"m{tp}", heads=heads, kv_heads=kv)
+        check_layout(
+            load_settings(model_path=model, tensor_parallel_size=tp), read_model_shape(model)
+        )
+
+
+def test_tp_and_kv_heads_must_divide_one_another(make_model_dir: ModelDirFactory) -> None:
+    model = make_model_dir(heads=12, kv_heads=4)
     with pytest.raises(SettingsError) as caught:
         check_layout(
-            load_settings(model_path=model, tensor_parallel_size=4), read_model_shape(model)
+            load_settings(model_path=model, tensor_parallel_size=6), read_model_shape(model)
         )
     message = str(caught.value)
-    assert "does not divide num_key_value_heads=2" in message
-    assert "num_attention_heads" not in message
-    assert message.endswith("use one of 1, 2")
+    assert "TP=6 and 4 KV heads do not divide one another" in message
+    assert message.endswith("nearest valid: 4, 12")
 
 
 def test_pp_cannot_exceed_layers(make_model_dir: ModelDirFactory) -> None:
