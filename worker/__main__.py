@@ -3,6 +3,7 @@
 Modes:
   run   (default) wait for the model, check the layout, run vLLM until SIGTERM, stop its group.
   argv  print the vLLM command (argv + added env) as JSON and exit; starts nothing.
+  plan  which TP/PP/DP layouts fit a model on a cluster (`python -m worker plan --help`).
 
 Every setting is a flag (``--tensor-parallel-size 2``) and an env var
 (``WORKER_TENSOR_PARALLEL_SIZE=2``); flags win. Arguments after ``--`` are appended to vLLM's
@@ -71,7 +72,13 @@ def _fail(code: int, message: str) -> NoReturn:
 
 
 def main(args: Sequence[str] | None = None) -> int:
-    own, passthrough = _split_passthrough(sys.argv[1:] if args is None else args)
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv[:1] == ["plan"]:
+        # The planner takes a model and a cluster, not worker settings: its own parser.
+        from worker.plan import main as plan_main
+
+        return plan_main(argv[1:])
+    own, passthrough = _split_passthrough(argv)
     parser, source = build_parser()
     parsed = parser.parse_args(own)
     mode = parsed.mode

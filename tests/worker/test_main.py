@@ -92,8 +92,8 @@ def test_layout_that_does_not_fit_the_model_exits_2(make_model_dir: ModelDirFact
     done = run_worker("--model-path", str(model), "--device", "cpu", "--tensor-parallel-size", "2")
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1].startswith(
-        f"worker: error: WORKER_TENSOR_PARALLEL_SIZE=2 does not divide num_attention_heads=9 of "
-        f"{model}/config.json; use one of 1, 3"
+        f"worker: error: WORKER_TENSOR_PARALLEL_SIZE=2: TP=2 does not divide 9 attention heads of "
+        f"{model}/config.json; nearest valid: 1, 3"
     )
 
 
