@@ -87,7 +87,8 @@ class GatewayMetrics:
         r = self.registry
         self.ttft = Histogram(
             "llmserve_ttft_seconds",
-            "Time to first token as the gateway observes it (request received -> first content byte sent)",
+            "Time to first token of streamed requests as the gateway observes it (request received "
+            "-> first content byte sent); whole answers feed only the E2E histogram",
             ["model"],
             buckets=_TTFT_BUCKETS,
             registry=r,

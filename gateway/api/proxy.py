@@ -188,7 +188,9 @@ class ProxyEndpoint:
                     f"no healthy replica for model '{model}'",
                     retry_after=d.settings.health_interval_s,
                 )
-            d.metrics.requests.labels(model, "", str(last_error.status)).inc()
+            # A made-up model name must not mint a metric series per request.
+            label = model if d.router.knows_model(model) else "unknown"
+            d.metrics.requests.labels(label, "", str(last_error.status)).inc()
         await send_error(send, last_error)
 
     async def _batched(
@@ -209,8 +211,8 @@ class ProxyEndpoint:
         # Once per client request, not per upstream call: a batch of N answers N requests.
         m.requests.labels(req.model, result.backend, str(result.status)).inc()
         if result.status == 200:
+            # A whole answer has no first token to time: E2E only, never TTFT.
             now = asyncio.get_running_loop().time()
-            m.ttft.labels(req.model).observe(now - started)
             m.e2e.labels(req.model).observe(now - started)
             m.input_tokens.labels(req.model).inc(result.prompt_tokens)
             m.output_tokens.labels(req.model).inc(result.completion_tokens)
@@ -264,8 +266,8 @@ class ProxyEndpoint:
         d.router.report_success(backend)
         await _send_json(send, 200, body)
         m = d.metrics
+        # A whole answer has no first token to time: E2E only, never TTFT.
         now = asyncio.get_running_loop().time()
-        m.ttft.labels(req.model).observe(now - started)
         m.e2e.labels(req.model).observe(now - started)
         m.requests.labels(req.model, backend.url, "200").inc()
         try:

@@ -123,8 +123,24 @@ def test_no_healthy_backend_is_503_with_retry_after() -> None:
 def test_unknown_model_is_404(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)]) as gw:
-        r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "model": "nope"})
-        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        for name in ("nope", "nope-2", "nope-3"):
+            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "model": name})
+            assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        # Made-up names share one `unknown` series instead of minting one each.
+        text = httpx.get(gw.url + "/metrics").text
+        assert "nope" not in text
+        assert gw.metric('llmserve_requests_total{backend="",model="unknown",status="404"}') == 3
+
+
+def test_ttft_is_recorded_for_streams_only(upstreams: UpstreamFactory) -> None:
+    up = upstreams()
+    with run_gateway(backends=[url_of(up)]) as gw:
+        assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
+        stream = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+        assert stream.status_code == 200
+        # The whole answer feeds E2E only; the stream feeds both.
+        assert gw.metric("llmserve_ttft_seconds_count") == 1
+        assert gw.metric("llmserve_e2e_request_latency_seconds_count") == 2
 
 
 @pytest.mark.parametrize("declared", [True, False])
