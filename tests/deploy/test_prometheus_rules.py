@@ -74,9 +74,11 @@ INPUT_SERIES = [
     },
     {"series": f'llmserve_queue_depth{{{GW}, pod="gw-0"}}', "values": "200+0x30"},
     {"series": f'llmserve_queue_depth{{{GW}, pod="gw-1"}}', "values": "5+0x30"},
-    # Backends: gw-0 has none up, gw-1 has one.
+    # Backends: gw-0 has none up, gw-1 has one, gw-2 is up but knows none (a full outage: no
+    # llmserve_backend_up series at all).
     {"series": f'llmserve_backend_up{{{GW}, pod="gw-0", backend="a"}}', "values": "0+0x30"},
     {"series": f'llmserve_backend_up{{{GW}, pod="gw-1", backend="a"}}', "values": "1+0x30"},
+    *({"series": f'up{{{GW}, pod="{pod}"}}', "values": "1+0x30"} for pod in ("gw-0", "gw-1", "gw-2")),
 ]
 
 
@@ -120,12 +122,20 @@ EXPECTED = [
         "Gateway gw-0 holds 200 queued requests",
         "Requests wait in the gateway's admission queue above 128: every replica is busy.",
     ),
-    _alert(
-        "LLMServeNoHealthyBackend",
-        {"pod": "gw-0", "severity": "critical"},
-        "Gateway gw-0 has no routable worker",
-        "Every backend the gateway knows fails its probes or is ejected: requests get 503.",
-    ),
+    {
+        "alertname": "LLMServeNoHealthyBackend",
+        "exp_alerts": [
+            {
+                "exp_labels": {"pod": pod, "severity": "critical"},
+                "exp_annotations": {
+                    "summary": f"Gateway {pod} has no routable worker",
+                    "description": "Every backend the gateway knows fails its probes or is "
+                    "ejected, or it knows none: requests get 503.",
+                },
+            }
+            for pod in ("gw-0", "gw-2")
+        ],
+    },
 ]
 
 
