@@ -53,8 +53,8 @@ system-deps:
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "make: installing Debian packages $(SYSTEM_PACKAGES) (missing:$$missing)"; \
-	  { apt-get update -q && apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES); } >/dev/null \
-	    || { echo "make: apt-get install $(SYSTEM_PACKAGES) failed"; exit 2; }; \
+	  { apt-get update -q -o DPkg::Lock::Timeout=300 && apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends $(SYSTEM_PACKAGES); } >.apt-install.log 2>&1 \
+	    || { tail -n 5 .apt-install.log; echo "make: apt-get install $(SYSTEM_PACKAGES) failed (log: .apt-install.log)"; exit 2; }; \
 	else \
 	  echo "make: missing$$missing; install them first: sudo apt-get install $(SYSTEM_PACKAGES)"; exit 2; \
 	fi
