@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.auth import AuthMiddleware
+from gateway.api.inflight import InFlight
 from gateway.api.middleware import BodyLimitMiddleware, InFlightMiddleware, RequestIdMiddleware
 from gateway.api.proxy import ProxyDeps, ProxyEndpoint, make_upstream_call
 from gateway.api.routes import build_routes
@@ -59,6 +60,8 @@ class GatewayState:
     admission: Admission | None = None
     keys: KeyStore | None = None
     draining: bool = field(default=False)
+    # The proxy's open requests: the drain ends them in-band when its timeout expires.
+    inflight: InFlight = field(default_factory=InFlight)
 
 
 def build_app(
@@ -108,7 +111,8 @@ def build_app(
     app.state.gateway = state
     install_handlers(app)
 
-    deps = ProxyDeps(settings, router, transport, state.metrics, admission)
+    deps = ProxyDeps(settings, router, transport, state.metrics, admission,
+                     inflight=state.inflight)
     if settings.batch.enabled:
         deps.batcher = Batcher(
             settings.batch, metrics, make_upstream_call(deps, "/v1/completions"),

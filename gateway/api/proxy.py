@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.api.inflight import DRAIN_EXPIRED, Exchange, InFlight
 from gateway.api.schemas import Kind, ParsedRequest, parse_request
 from gateway.api.sse import SseRelay
 from gateway.errors import (
@@ -61,6 +62,7 @@ class ProxyDeps:
     metrics: GatewayMetrics
     flow: Admission | None = None
     batcher: Batcher | None = None
+    inflight: InFlight = field(default_factory=InFlight)
 
 
 async def read_body(receive: Receive) -> bytes:
@@ -96,14 +98,22 @@ class ProxyEndpoint:
         # From here the client may vanish at any await: watch for it in the background and cancel
         # this task, which unwinds into the upstream response's close().
         task = asyncio.current_task()
-        watcher = loop.create_task(_watch_disconnect(receive, task))
+        ex = Exchange(task, started)
+        inflight = self._d.inflight
+        inflight.add(ex)
+        watcher = loop.create_task(_watch_disconnect(receive, ex))
         try:
-            await self._serve(scope, req, raw, send, started)
+            await self._serve(scope, req, raw, send, ex)
         except asyncio.CancelledError:
-            if not watcher.done() or watcher.cancelled() or not watcher.result():
+            if ex.expired:
+                # The drain timed out (InFlight.expire): answer, or end the stream, in-band.
+                if task is not None:
+                    task.uncancel()
+                await _end_expired(send, ex)
+            elif not watcher.done() or watcher.cancelled() or not watcher.result():
                 raise
             # Our own cancellation for a disconnect: absorb it, the request is over.
-            if task is not None:
+            elif task is not None:
                 task.uncancel()
         except Exception:
             # A bug, not an upstream failure: log it, and answer in OpenAI's shape if we still can
@@ -113,16 +123,17 @@ class ProxyEndpoint:
                 await send_error(send, GatewayError("internal error"))
         finally:
             watcher.cancel()
+            inflight.discard(ex)
 
     async def _serve(
-        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, started: float
+        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, ex: Exchange
     ) -> None:
         d = self._d
         flow = d.flow
         # Unknown models skip admission (they end in 404 or 503 below) so that made-up model
         # names cannot create pools.
         if flow is None or not d.router.knows_model(req.model):
-            await self._forward(scope, req, raw, send, started, None, None)
+            await self._forward(scope, req, raw, send, ex, None, None)
             return
         tenant = flow.tenants.for_key(scope.get("state", {}).get("api_key"))
         pool = flow.pool(req.model)
@@ -140,12 +151,12 @@ class ProxyEndpoint:
             return
         tenant.admitted()
         try:
-            await self._forward(scope, req, raw, send, started, pool, tenant)
+            await self._forward(scope, req, raw, send, ex, pool, tenant)
         finally:
             pool.release(tenant.name)
 
     async def _forward(
-        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, started: float,
+        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, ex: Exchange,
         pool: Pool | None, tenant: Tenant | None,
     ) -> None:
         d = self._d
@@ -159,7 +170,7 @@ class ProxyEndpoint:
         if d.batcher is not None and self._kind == "completion" and not req.stream:
             key = batch_key(req.body)
             if key is not None:
-                await self._batched(d.batcher, req, key, send, started, tenant)
+                await self._batched(d.batcher, req, key, send, ex.started, tenant)
                 return
 
         tried: list[Backend] = []
@@ -169,7 +180,7 @@ class ProxyEndpoint:
             if backend is None:
                 break
             try:
-                await self._attempt(backend, req, raw, headers, send, started, pool, tenant)
+                await self._attempt(backend, req, raw, headers, send, ex, pool, tenant)
             except GatewayError as exc:
                 # Nothing reached the client yet: safe to try another replica.
                 last_error = _failed(d, model, backend, exc)
@@ -226,7 +237,7 @@ class ProxyEndpoint:
         raw: bytes,
         headers: dict[str, str],
         send: Send,
-        started: float,
+        ex: Exchange,
         pool: Pool | None,
         tenant: Tenant | None,
     ) -> None:
@@ -248,10 +259,9 @@ class ProxyEndpoint:
                 d.metrics.requests.labels(req.model, backend.url, str(resp.status)).inc()
                 return
             if req.stream:
-                await self._relay_stream(backend, req, resp, send, started, pool, tenant,
-                                         dispatched)
+                await self._relay_stream(backend, req, resp, send, ex, pool, tenant, dispatched)
             else:
-                await self._relay_whole(backend, req, resp, send, started, tenant)
+                await self._relay_whole(backend, req, resp, send, ex.started, tenant)
         except BaseException:
             resp.close()
             raise
@@ -283,9 +293,10 @@ class ProxyEndpoint:
 
     async def _relay_stream(
         self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
-        started: float, pool: Pool | None, tenant: Tenant | None, dispatched: float,
+        ex: Exchange, pool: Pool | None, tenant: Tenant | None, dispatched: float,
     ) -> None:
         d = self._d
+        started = ex.started
         loop = asyncio.get_running_loop()
         relay = SseRelay(strip_usage=not req.client_wants_usage)
         # Hold the head until the first real bytes: until then a failure may still be retried.
@@ -301,6 +312,7 @@ class ProxyEndpoint:
             # The engine's own TTFT (dispatch -> first event): what the adaptive limit steers.
             pool.sample(d.flow.clock() - dispatched, dispatched)
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        ex.head_sent = True
 
         # The chunk that carries [DONE] ends the response (more_body=False) at once: a client
         # that hangs up right after [DONE] must count as served, not as a disconnect.
@@ -320,7 +332,7 @@ class ProxyEndpoint:
                     out = feed(chunk)
             await send({"type": "http.response.body", "body": out + relay.flush(),
                         "more_body": False})
-            complete = True
+            complete = ex.responded = True
             # Read the chunked-encoding terminator so the connection goes back to the pool.
             while await readany():
                 pass
@@ -336,7 +348,9 @@ class ProxyEndpoint:
                         "more_body": False})
         except BaseException:
             if not complete:
-                status = "499"  # client closed the request (disconnect cancels this task)
+                # The drain's timeout, or the client closed the request (disconnect cancels this
+                # task).
+                status = "503" if ex.expired else "499"
             raise
         finally:
             m = d.metrics
@@ -411,12 +425,23 @@ def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
     return call
 
 
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[object] | None) -> bool:
+async def _watch_disconnect(receive: Receive, ex: Exchange) -> bool:
     message: Message = await receive()
-    if message["type"] == "http.disconnect" and task is not None:
-        task.cancel()
+    if message["type"] == "http.disconnect" and ex.task is not None:
+        ex.task.cancel()
         return True
     return False
+
+
+async def _end_expired(send: Send, ex: Exchange) -> None:
+    """Answer a request the drain timeout cut: a 503 if the client has seen nothing, else one
+    in-band error event that closes the stream. Never raises (the client may be gone too)."""
+    with contextlib.suppress(Exception):
+        if not ex.head_sent:
+            await send_error(send, DRAIN_EXPIRED)
+        elif not ex.responded:
+            await send({"type": "http.response.body", "body": sse_error_event(DRAIN_EXPIRED),
+                        "more_body": False})
 
 
 def _upstream_headers(scope: Scope) -> dict[str, str]:
