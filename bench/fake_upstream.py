@@ -67,6 +67,9 @@ class Behaviour(BaseSettings):
                                             "(400-599) and an OpenAI error body; 0: never")
     drop_after: int = Field(-1, ge=-1, description="close the connection after this many SSE "
                                                    "events of a stream; -1: never")
+    usage_json: str = Field("", description="raw JSON sent as every answer's `usage` instead of "
+                                            "the real counts (a malformed upstream); empty: the "
+                                            "real counts")
     events_per_write: int = Field(1, ge=1, le=1024,
                                   description="SSE events per socket write (1: each its own write, "
                                               "like an engine)")
@@ -114,7 +117,9 @@ class _Answers:
         self._events: dict[tuple[str, bool, int, int], list[bytes]] = {}
         self._whole: dict[tuple[str, int, int], bytes] = {}
 
-    def _usage(self, n: int, prompts: int) -> dict[str, int]:
+    def _usage(self, n: int, prompts: int) -> Any:
+        if self.b.usage_json:
+            return orjson.loads(self.b.usage_json)
         p = _PROMPT_TOKENS * prompts
         return {"prompt_tokens": p, "completion_tokens": n * prompts, "total_tokens": p + n * prompts}
 

@@ -121,6 +121,12 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+        self.usage_invalid = Counter(
+            "llmserve_upstream_usage_invalid",
+            "Successful upstream answers whose usage was missing or malformed (a string, a "
+            "negative number, a missing field): relayed as they were, tokens not counted",
+            ["model"], registry=r,
+        )
         self.backends = _BackendCollector()
         r.register(self.backends)
 

@@ -40,6 +40,7 @@ from gateway.routing.backend import Backend
 from gateway.routing.router import Router
 from gateway.settings import GatewaySettings
 from gateway.transport.base import Transport, UpstreamResponse
+from gateway.usage import usage_counts
 
 log = logging.getLogger("gateway.proxy")
 
@@ -225,10 +226,8 @@ class ProxyEndpoint:
             # A whole answer has no first token to time: E2E only, never TTFT.
             now = asyncio.get_running_loop().time()
             m.e2e.labels(req.model).observe(now - started)
-            m.input_tokens.labels(req.model).inc(result.prompt_tokens)
-            m.output_tokens.labels(req.model).inc(result.completion_tokens)
-            if tenant is not None:
-                tenant.used(result.prompt_tokens, result.completion_tokens)
+            _count_usage(m, req.model, tenant, (result.prompt_tokens, result.completion_tokens)
+                         if result.usage_known else None)
 
     async def _attempt(
         self,
@@ -281,15 +280,11 @@ class ProxyEndpoint:
         m.e2e.labels(req.model).observe(now - started)
         m.requests.labels(req.model, backend.url, "200").inc()
         try:
-            usage = orjson.loads(body).get("usage") or {}
-            prompt = int(usage.get("prompt_tokens") or 0)
-            completion = int(usage.get("completion_tokens") or 0)
-            m.input_tokens.labels(req.model).inc(prompt)
-            m.output_tokens.labels(req.model).inc(completion)
-            if tenant is not None:
-                tenant.used(prompt, completion)
-        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-            pass
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            obj = None
+        counts = usage_counts(obj.get("usage")) if isinstance(obj, dict) else None
+        _count_usage(m, req.model, tenant, counts)
 
     async def _relay_stream(
         self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
@@ -357,10 +352,23 @@ class ProxyEndpoint:
             m.ttft.labels(req.model).observe(ttft)
             m.e2e.labels(req.model).observe(loop.time() - started)
             m.requests.labels(req.model, backend.url, status).inc()
-            m.input_tokens.labels(req.model).inc(relay.prompt_tokens)
-            m.output_tokens.labels(req.model).inc(relay.completion_tokens)
-            if tenant is not None:
-                tenant.used(relay.prompt_tokens, relay.completion_tokens)
+            if relay.usage_known:
+                _count_usage(m, req.model, tenant, (relay.prompt_tokens, relay.completion_tokens))
+            elif complete:  # a cut stream may just not have reached its usage yet
+                m.usage_invalid.labels(req.model).inc()
+
+
+def _count_usage(
+    m: GatewayMetrics, model: str, tenant: Tenant | None, counts: tuple[int, int] | None
+) -> None:
+    """Count an answer's tokens, or, when its usage was missing or malformed, only that."""
+    if counts is None:
+        m.usage_invalid.labels(model).inc()
+        return
+    m.input_tokens.labels(model).inc(counts[0])
+    m.output_tokens.labels(model).inc(counts[1])
+    if tenant is not None:
+        tenant.used(*counts)
 
 
 def _next_replica(d: ProxyDeps, model: str, tried: list[Backend]) -> Backend | None:

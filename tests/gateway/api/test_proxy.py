@@ -47,6 +47,32 @@ def test_non_stream_and_completions(upstreams: UpstreamFactory) -> None:
         assert r.headers["x-request-id"]
 
 
+@pytest.mark.parametrize("usage", [
+    '"abc"', '{"prompt_tokens": "abc", "completion_tokens": 5}',
+    '{"prompt_tokens": -5, "completion_tokens": 5}', '{"prompt_tokens": 5}', "null",
+])
+def test_malformed_upstream_usage_is_unknown_not_an_error(
+    upstreams: UpstreamFactory, usage: str
+) -> None:
+    """The answer completes untouched; its tokens are not counted; a warning counter says so."""
+    up = upstreams(usage_json=usage)
+    with run_gateway(backends=[url_of(up)]) as gw:
+        for extra in ({"stream": True, "stream_options": {"include_usage": True}},
+                      {"stream": True}, {}):
+            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, **extra})
+            assert r.status_code == 200, r.text
+            if extra:
+                evs = events(r.text)
+                assert evs[-1] == "data: [DONE]" and not any('"error"' in e for e in evs)
+                assert sum(" tok" in e for e in evs) == 5
+            else:
+                assert r.json()["choices"][0]["message"]["content"] == " tok" * 5
+        assert gw.metric("llmserve_upstream_usage_invalid_total") == 3
+        assert gw.metric("llmserve_input_tokens_total") == 0
+        assert gw.metric("llmserve_output_tokens_total") == 0
+        assert gw.metric("llmserve_requests_total") == 3  # every one a 200, counted once
+
+
 def test_models_is_the_union_of_replicas(upstreams: UpstreamFactory) -> None:
     a, b = upstreams(model="llama"), upstreams(model="qwen")
     with run_gateway(backends=[url_of(a), url_of(b)]) as gw:
