@@ -67,6 +67,9 @@ class Behaviour(BaseSettings):
                                             "(400-599) and an OpenAI error body; 0: never")
     drop_after: int = Field(-1, ge=-1, description="close the connection after this many SSE "
                                                    "events of a stream; -1: never")
+    end_delay_s: float = Field(0.0, ge=0, le=60,
+                               description="sleep between a stream's last event ([DONE]) and the "
+                                           "chunked-encoding terminator, sent as its own write")
     usage_json: str = Field("", description="raw JSON sent as every answer's `usage` instead of "
                                             "the real counts (a malformed upstream); empty: the "
                                             "real counts")
@@ -270,6 +273,7 @@ class _Protocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         self.u.connections.add(self)
+        self.u.opened += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -374,7 +378,7 @@ class _Protocol(asyncio.Protocol):
             return
         so = body.get("stream_options") or {}
         events = u.answers.events(kind, bool(so.get("include_usage")), n, prompts)
-        if b.token_delay_s or b.first_token_delay_s or b.drop_after >= 0:
+        if b.token_delay_s or b.first_token_delay_s or b.drop_after >= 0 or b.end_delay_s:
             await self._stream_slowly(events)
             return
         for data in u.answers.writes(events):
@@ -407,6 +411,8 @@ class _Protocol(asyncio.Protocol):
                 if self.transport is None:
                     u.aborted += 1
                     raise ConnectionError("client went away mid-stream")
+        if b.end_delay_s:
+            await asyncio.sleep(b.end_delay_s)
         self._write(_END)
 
 
@@ -422,6 +428,7 @@ class FakeUpstream:
         self.requests = 0  # every request, probes included
         self.completions = 0  # completion requests only
         self.aborted = 0  # streams whose client went away before the end
+        self.opened = 0  # connections accepted (keep-alive working: few per many requests)
         self.last_request: dict[str, Any] | None = None  # last completion body, parsed
         self.last_headers: dict[str, str] = {}  # last request's headers, names lower-case
         self.host = "127.0.0.1"

@@ -435,7 +435,10 @@ def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
 
 async def _watch_disconnect(receive: Receive, ex: Exchange) -> bool:
     message: Message = await receive()
-    if message["type"] == "http.disconnect" and ex.task is not None:
+    # Once the response is complete uvicorn answers every receive() with http.disconnect: that
+    # is not a hang-up, and cancelling then would abort the upstream connection while the proxy
+    # reads the chunked terminator, which may come in a later read than [DONE].
+    if message["type"] == "http.disconnect" and not ex.responded and ex.task is not None:
         ex.task.cancel()
         return True
     return False

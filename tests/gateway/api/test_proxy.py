@@ -196,3 +196,26 @@ def test_client_disconnect_mid_stream_closes_the_upstream(upstreams: UpstreamFac
         while up.aborted == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert up.aborted == 1
+
+
+def test_terminator_after_done_in_a_later_read_keeps_the_upstream_connection(
+    upstreams: UpstreamFactory,
+) -> None:
+    """uvicorn answers receive() with http.disconnect once a response is complete; the
+    disconnect watcher must not take that for a hang-up and abort the upstream connection while
+    the proxy still reads the chunked terminator that came after [DONE]."""
+    up = upstreams(end_delay_s=0.05)
+    with run_gateway(backends=[url_of(up)]) as gw, httpx.Client() as c:
+        body = {**CHAT, "stream": True}
+        assert c.post(gw.url + "/v1/chat/completions", json=body).status_code == 200
+        time.sleep(0.1)  # the terminator came and the connection is back in the pool
+        opened = up.opened
+        for _ in range(10):
+            r = c.post(gw.url + "/v1/chat/completions", json=body)
+            assert events(r.text)[-1] == "data: [DONE]"
+            time.sleep(0.1)
+        assert up.opened - opened <= 1, "a connection per stream: keep-alive was aborted"
+        assert up.aborted == 0
+        # The gateway's own count agrees (probes and the first request opened the rest).
+        assert gw.metric("llmserve_upstream_connections_opened_total") == up.opened
+
