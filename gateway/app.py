@@ -14,7 +14,7 @@ from gateway.api.inflight import InFlight
 from gateway.api.middleware import BodyLimitMiddleware, InFlightMiddleware, RequestIdMiddleware
 from gateway.api.proxy import ProxyDeps, ProxyEndpoint, make_upstream_call
 from gateway.api.routes import build_routes
-from gateway.errors import install_handlers
+from gateway.errors import MethodNotAllowed, install_handlers, send_error
 from gateway.flow.admission import Admission
 from gateway.flow.batcher import Batcher
 from gateway.flow.keys import KeyStore, load_keys
@@ -43,10 +43,16 @@ class FastLane:
         self.endpoints = endpoints
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http":
             endpoint = self.endpoints.get(scope["path"])
             if endpoint is not None:
-                await endpoint(scope, receive, send)
+                if scope["method"] == "POST":
+                    await endpoint(scope, receive, send)
+                else:
+                    # Not a 404 from the framework, which has no route here: the path exists.
+                    await send_error(send, MethodNotAllowed(
+                        f"Method {scope['method']} is not allowed on {scope['path']}; use POST"
+                    ), [(b"allow", b"POST")])
                 return
         await self.app(scope, receive, send)
 

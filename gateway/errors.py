@@ -10,7 +10,7 @@ shape. No handler ever echoes a traceback to the client.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -166,12 +166,11 @@ def _type_for(status: int) -> str:
     return "invalid_request_error" if 400 <= status < 500 else "server_error"
 
 
-def _json(exc: GatewayError) -> Response:
-    return Response(
-        exc.body(),
-        status_code=exc.status,
-        headers={k.decode(): v.decode() for k, v in exc.headers()},
-    )
+def _json(exc: GatewayError, extra: Mapping[str, str] | None = None) -> Response:
+    headers = {k.decode(): v.decode() for k, v in exc.headers()}
+    if extra:
+        headers.update(extra)
+    return Response(exc.body(), status_code=exc.status, headers=headers)
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -179,18 +178,23 @@ def install_handlers(app: FastAPI) -> None:
         assert isinstance(exc, GatewayError)
         return _json(exc)
 
-    async def on_http(_: Request, exc: Exception) -> Response:
+    async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         mapped: GatewayError
         if exc.status_code == 404:
-            mapped = NotFound(str(exc.detail))
+            mapped = NotFound(f"No such endpoint: {request.url.path}")
         elif exc.status_code == 405:
-            mapped = MethodNotAllowed(str(exc.detail))
+            allow = (exc.headers or {}).get("Allow", "")
+            mapped = MethodNotAllowed(
+                f"Method {request.method} is not allowed on {request.url.path}; use {allow}"
+            )
         else:
             mapped = GatewayError(str(exc.detail))
             mapped.status = exc.status_code
             mapped.type = _type_for(exc.status_code)
-        return _json(mapped)
+        # Headers the framework set (Allow on a 405) stay; the content type is ours.
+        extra = {k: v for k, v in (exc.headers or {}).items() if k.lower() != "content-type"}
+        return _json(mapped, extra)
 
     async def on_unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error")

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import httpx
 import orjson
 import pytest
 
 from gateway.errors import Unavailable, normalize_upstream_error
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 
 def shape(body: bytes) -> dict[str, object]:
@@ -37,3 +39,29 @@ def test_integer_codes_become_strings() -> None:
 def test_retry_after_is_whole_seconds_and_never_zero() -> None:
     assert (b"retry-after", b"1") in Unavailable("x", retry_after=0.2).headers()
     assert (b"retry-after", b"3") in Unavailable("x", retry_after=2.6).headers()
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "allow"), [
+    ("GET", "/nope", None, 404, None),
+    ("GET", "/v1/chat/completions", None, 405, "POST"),
+    ("DELETE", "/v1/completions", None, 405, "POST"),
+    ("POST", "/health", b"{}", 405, "GET"),
+    ("PUT", "/v1/models", b"{}", 405, "GET"),
+    ("POST", "/v1/chat/completions", b"{not json", 400, None),
+    ("POST", "/v1/completions", b'{"model": "nope", "prompt": "hi"}', 404, None),
+    ("POST", "/v1/completions", b"x" * 5000, 413, None),
+])
+def test_every_error_the_gateway_writes_is_openai_json(
+    upstreams: UpstreamFactory, method: str, path: str, body: bytes | None, status: int,
+    allow: str | None,
+) -> None:
+    up = upstreams()
+    with run_gateway(backends=[url_of(up)], max_body_bytes=4096) as gw:
+        r = httpx.request(method, gw.url + path, content=body)
+        assert r.status_code == status
+        assert r.headers["content-type"] == "application/json"
+        err = shape(r.content)
+        assert err["message"]
+        if allow is not None:
+            assert allow in r.headers["allow"]
+            assert err["code"] == "method_not_allowed" and method in str(err["message"])
