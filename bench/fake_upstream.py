@@ -65,6 +65,8 @@ class Behaviour(BaseSettings):
                                                    "the role event at once, as vLLM sends them")
     fail_status: int = Field(0, description="answer every completion with this HTTP status "
                                             "(400-599) and an OpenAI error body; 0: never")
+    fail_body: str = Field("", description="body of the fail_status answers (text/html when it "
+                                           "starts with '<'); empty: an OpenAI error object")
     drop_after: int = Field(-1, ge=-1, description="close the connection after this many SSE "
                                                    "events of a stream; -1: never")
     end_delay_s: float = Field(0.0, ge=0, le=60,
@@ -369,7 +371,8 @@ class _Protocol(asyncio.Protocol):
             self._write(_plain(400, _error_body(str(exc), "invalid_request_error")))
             return
         if b.fail_status:
-            self._write(_plain(b.fail_status, _error_body("scripted failure", "server_error")))
+            body = b.fail_body.encode() or _error_body("scripted failure", "server_error")
+            self._write(_plain(b.fail_status, body))
             return
         if not body.get("stream"):
             if b.token_delay_s:

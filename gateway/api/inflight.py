@@ -27,11 +27,12 @@ DRAIN_EXPIRED = Unavailable(
 class Exchange:
     """One client request through the proxy."""
 
-    __slots__ = ("expired", "head_sent", "responded", "started", "task")
+    __slots__ = ("expired", "head_sent", "responded", "rid", "started", "task")
 
-    def __init__(self, task: asyncio.Task[object] | None, started: float) -> None:
+    def __init__(self, task: asyncio.Task[object] | None, started: float, rid: str = "-") -> None:
         self.task = task
         self.started = started  # loop time the request arrived
+        self.rid = rid  # the request id, for log lines about this request
         self.head_sent = False  # the response head reached uvicorn: only in-band errors now
         self.responded = False  # the last body byte was sent: the client has its answer
         self.expired = False  # cancelled by the drain timeout, not by a disconnect

@@ -26,6 +26,7 @@ from gateway.api.sse import SseRelay
 from gateway.errors import (
     GatewayError,
     ModelNotFound,
+    RateLimitedLog,
     Unavailable,
     UpstreamFailed,
     normalize_upstream_error,
@@ -99,7 +100,7 @@ class ProxyEndpoint:
         # From here the client may vanish at any await: watch for it in the background and cancel
         # this task, which unwinds into the upstream response's close().
         task = asyncio.current_task()
-        ex = Exchange(task, started)
+        ex = Exchange(task, started, scope.get("state", {}).get("request_id", "-"))
         inflight = self._d.inflight
         inflight.add(ex)
         watcher = loop.create_task(_watch_disconnect(receive, ex))
@@ -171,7 +172,7 @@ class ProxyEndpoint:
         if d.batcher is not None and self._kind == "completion" and not req.stream:
             key = batch_key(req.body)
             if key is not None:
-                await self._batched(d.batcher, req, key, send, ex.started, tenant)
+                await self._batched(d.batcher, req, key, send, ex, tenant)
                 return
 
         tried: list[Backend] = []
@@ -203,21 +204,25 @@ class ProxyEndpoint:
             # A made-up model name must not mint a metric series per request.
             label = model if d.router.knows_model(model) else "unknown"
             d.metrics.requests.labels(label, "", str(last_error.status)).inc()
+        else:
+            _log_failure(ex, last_error)
         await send_error(send, last_error)
 
     async def _batched(
-        self, batcher: Batcher, req: ParsedRequest, key: bytes, send: Send, started: float,
+        self, batcher: Batcher, req: ParsedRequest, key: bytes, send: Send, ex: Exchange,
         tenant: Tenant | None,
     ) -> None:
+        started = ex.started
         try:
             result = await batcher.submit(req.model, req.body, key)
         except GatewayError as exc:
             self._d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
+            _log_failure(ex, exc)
             await send_error(send, exc)
             return
         body = result.body
         if result.status != 200:
-            body = normalize_upstream_error(result.status, body)
+            body = normalize_upstream_error(result.status, body, ex.rid)
         await _send_json(send, result.status, body)
         m = self._d.metrics
         # Once per client request, not per upstream call: a batch of N answers N requests.
@@ -254,7 +259,8 @@ class ProxyEndpoint:
                 _raise_if_server_error(resp.status, body)
                 # A 4xx is the caller's problem, not the replica's: no retry, no ejection.
                 d.router.report_success(backend)
-                await _send_json(send, resp.status, normalize_upstream_error(resp.status, body))
+                await _send_json(send, resp.status,
+                                 normalize_upstream_error(resp.status, body, ex.rid))
                 d.metrics.requests.labels(req.model, backend.url, str(resp.status)).inc()
                 return
             if req.stream:
@@ -338,6 +344,7 @@ class ProxyEndpoint:
                 return
             # Past the first byte there is no retry: end the stream with one in-band error event.
             d.router.report_failure(backend)
+            _log_failure(ex, exc)
             status = str(exc.status)
             await send({"type": "http.response.body", "body": sse_error_event(exc),
                         "more_body": False})
@@ -356,6 +363,16 @@ class ProxyEndpoint:
                 _count_usage(m, req.model, tenant, (relay.prompt_tokens, relay.completion_tokens))
             elif complete:  # a cut stream may just not have reached its usage yet
                 m.usage_invalid.labels(req.model).inc()
+
+
+# Why a client saw a 502/504: which replica, what it said. Rate-limited: a failing replica under
+# load would otherwise write a line per request.
+_failures = RateLimitedLog(log)
+
+
+def _log_failure(ex: Exchange, exc: GatewayError) -> None:
+    if exc.status >= 500:
+        _failures.warning("request %s: %s", ex.rid, exc.message)
 
 
 def _count_usage(

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import logging
+import time
+
 import httpx
 import orjson
 import pytest
 
-from gateway.errors import Unavailable, normalize_upstream_error
+from gateway.errors import RateLimitedLog, Unavailable, normalize_upstream_error
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 
@@ -22,7 +25,7 @@ def shape(body: bytes) -> dict[str, object]:
         (b'{"error": {"message": "bad", "type": "BadRequestError", "param": null, "code": 400}}',
          "bad"),
         (b'{"object": "error", "message": "old", "type": "BadRequestError", "code": 400}', "old"),
-        (b"Internal Server Error", "Internal Server Error"),
+        (b"<html><body>nginx at 10.0.0.7</body></html>", "upstream returned HTTP 500"),
         (b"", "upstream returned HTTP 500"),
     ],
 )
@@ -65,3 +68,16 @@ def test_every_error_the_gateway_writes_is_openai_json(
         if allow is not None:
             assert allow in r.headers["allow"]
             assert err["code"] == "method_not_allowed" and method in str(err["message"])
+
+
+def test_rate_limited_log_keeps_a_burst_then_counts_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    limited = RateLimitedLog(logging.getLogger("test.ratelimit"), interval_s=0.2, burst=3)
+    with caplog.at_level(logging.WARNING, "test.ratelimit"):
+        for i in range(100):
+            limited.warning("bad request %d", i)
+        assert len(caplog.records) == 3 and limited.suppressed == 97
+        time.sleep(0.25)
+        limited.warning("bad request %d", 100)
+    assert caplog.records[-1].getMessage() == "bad request 100 (97 similar line(s) suppressed)"

@@ -3,13 +3,16 @@ timeouts, disconnects. Real HTTP on loopback at every hop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import socket
 import time
 
 import httpx
 import pytest
 
+from bench.fake_upstream import start_in_thread
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -112,6 +115,38 @@ def test_upstream_5xx_everywhere_is_502_in_openai_shape(upstreams: UpstreamFacto
     with run_gateway(backends=[url_of(a), url_of(b)], retries=1) as gw:
         r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
+
+
+HTML = "<html><body><h1>502 Bad Gateway</h1>nginx at 10.1.2.3:8000</body></html>"
+
+
+@pytest.mark.parametrize("case", ["unreachable", "html_5xx", "html_4xx", "cut"])
+def test_failures_show_no_internal_address_or_upstream_body_but_log_them(
+    upstreams: UpstreamFactory, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    """What a client reads names no replica and relays no upstream page; the log has both,
+    under the response's x-request-id."""
+    stack = contextlib.ExitStack()
+    if case == "unreachable":  # probed up, then gone: connection refused
+        up = stack.enter_context(start_in_thread())
+    else:
+        up = upstreams(fail_status={"html_5xx": 503, "html_4xx": 400}.get(case, 0),
+                       fail_body=HTML, drop_after=3 if case == "cut" else -1)
+    backend = url_of(up)
+    with caplog.at_level(logging.WARNING), run_gateway(backends=[backend], retries=0) as gw:
+        stack.close()
+        r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": case == "cut"})
+    rid = r.headers["x-request-id"]
+    body = r.text
+    port = backend.rsplit(":", 1)[1]
+    assert "127.0.0.1" not in body and port not in body and "nginx" not in body and "<" not in body
+    if case == "cut":
+        assert r.status_code == 200 and '"upstream_error"' in events(body)[-1]
+    else:
+        assert r.status_code == {"html_4xx": 400}.get(case, 502)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    logged = [rec.getMessage() for rec in caplog.records if rid in rec.getMessage()]
+    assert logged and ("nginx" in logged[0] or port in logged[0] or "replica" in logged[0])
 
 
 def test_upstream_4xx_passes_through_in_openai_shape(upstreams: UpstreamFactory) -> None:
