@@ -12,9 +12,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 import uvicorn
 
 from bench.fake_upstream import FakeUpstream
@@ -60,6 +62,24 @@ def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.
             gw.wait()
         assert gw.stderr is not None
         gw.stderr.close()
+
+
+@pytest.mark.parametrize("content", [None, "dir", b"{not json", b'{"keys": [{"tenant": 1}]}',
+                                     b"\xff\xfe"])
+def test_bad_keys_file_is_one_line_and_a_nonzero_exit(tmp_path: Path,
+                                                      content: bytes | str | None) -> None:
+    path = tmp_path / "keys.json"
+    if content == "dir":
+        path.mkdir()  # unreadable as a file, even for root (a chmod 000 file is not)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--port", str(free_port()),
+                           "--api-keys-file", str(path)],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "GATEWAY_API_KEYS_FILE" in lines[0], proc.stderr
 
 
 def test_sigterm_lets_the_inflight_stream_finish_then_exits(upstreams: UpstreamFactory) -> None:
