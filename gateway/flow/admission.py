@@ -131,7 +131,10 @@ class Pool:
             evicted = self.queue.push(w)
         except QueueFull:
             raise self._refuse("queue_full", len(self.queue), rate) from None
-        if evicted is not None:
+        # Answered here, at once. Unless it is leaving anyway: a waiter whose client went away or
+        # whose deadline fired has its future cancelled a loop step before its own cleanup takes
+        # it out of the queue, and answering it again would raise InvalidStateError right here.
+        if evicted is not None and not evicted.future.done():
             evicted.future.set_exception(self._refuse("queue_full", len(self.queue), rate))
         try:
             async with asyncio.timeout(s.queue_timeout_s):
