@@ -266,18 +266,20 @@ class ProxyEndpoint:
             if req.stream:
                 await self._relay_stream(backend, req, resp, send, ex, pool, tenant, dispatched)
             else:
-                await self._relay_whole(backend, req, resp, send, ex.started, tenant)
+                await self._relay_whole(backend, req, resp, send, ex.started, tenant, pool,
+                                        dispatched)
         except BaseException:
             resp.close()
             raise
 
     async def _relay_whole(
         self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
-        started: float, tenant: Tenant | None,
+        started: float, tenant: Tenant | None, pool: Pool | None, dispatched: float,
     ) -> None:
         d = self._d
         body = await resp.read()
         resp.release()
+        done = d.flow.clock() if pool is not None and d.flow is not None else 0.0
         d.router.report_success(backend)
         await _send_json(send, 200, body)
         m = d.metrics
@@ -291,6 +293,9 @@ class ProxyEndpoint:
             obj = None
         counts = usage_counts(obj.get("usage")) if isinstance(obj, dict) else None
         _count_usage(m, req.model, tenant, counts)
+        if pool is not None and counts is not None:
+            # The other request class: the whole latency, judged per generated token.
+            pool.sample_whole(done - dispatched, counts[1], dispatched)
 
     async def _relay_stream(
         self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,

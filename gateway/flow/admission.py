@@ -170,8 +170,18 @@ class Pool:
             self._empty_since = now
 
     def sample(self, ttft_s: float, dispatched_at: float) -> None:
+        """A streamed request's upstream TTFT."""
         before = self.limiter.limit
         self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight)
+        self._grew(before)
+
+    def sample_whole(self, latency_s: float, tokens: int, dispatched_at: float) -> None:
+        """A whole (non-streamed) answer's upstream latency and its generated tokens."""
+        before = self.limiter.limit
+        self.limiter.on_whole_sample(latency_s, tokens, dispatched_at, self.in_flight)
+        self._grew(before)
+
+    def _grew(self, before: int) -> None:
         grown = self.limiter.limit - before
         if grown > 0:
             # New slots serve the queue as completions do: count them in the drain rate (during

@@ -192,3 +192,24 @@ async def test_a_request_pushed_out_of_the_queue_is_answered_at_once(
             for t in (*holders, *queued, newcomer):
                 t.cancel()
             await asyncio.gather(*holders, *queued, newcomer, return_exceptions=True)
+
+
+async def test_whole_answers_teach_the_limit_too(upstreams: UpstreamFactory) -> None:
+    """Non-streamed traffic alone lifts the limit off its start (it stayed there: only streamed
+    TTFT was a sample)."""
+    up = upstreams(token_delay_s=0.002)  # 4 tokens: ~8 ms per answer
+    flow = {"initial_limit": 2, "min_limit": 1, "max_limit": 64, "scrape_engines": False}
+    with run_gateway(backends=[url_of(up)], flow=flow) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            async def client() -> int:
+                ok = 0
+                for _ in range(15):
+                    r = await c.post("/v1/completions", json=BODY)
+                    # Above the starting limit of 2 the queue refuses some at first.
+                    assert r.status_code in (200, 503), r.text
+                    ok += r.status_code == 200
+                return ok
+
+            served = await asyncio.gather(*(client() for _ in range(4)))
+        assert sum(served) >= 30
+        assert gw.metric('llmserve_concurrency_limit{pool="demo"}') > 2
