@@ -65,6 +65,10 @@ class Behaviour(BaseSettings):
                                                    "the role event at once, as vLLM sends them")
     fail_status: int = Field(0, description="answer every completion with this HTTP status "
                                             "(400-599) and an OpenAI error body; 0: never")
+    fail_ratio: float = Field(0.0, ge=0, le=1,
+                              description="answer this share of completions with fail_status "
+                                          "(evenly spread: 0.5 fails every other one); 0: all "
+                                          "of them, when fail_status is set")
     fail_body: str = Field("", description="body of the fail_status answers (text/html when it "
                                            "starts with '<'); empty: an OpenAI error object")
     drop_after: int = Field(-1, ge=-1, description="close the connection after this many SSE "
@@ -370,7 +374,7 @@ class _Protocol(asyncio.Protocol):
         except (ValueError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
             self._write(_plain(400, _error_body(str(exc), "invalid_request_error")))
             return
-        if b.fail_status:
+        if b.fail_status and self._fails(u.completions):
             body = b.fail_body.encode() or _error_body("scripted failure", "server_error")
             self._write(_plain(b.fail_status, body))
             return
@@ -391,6 +395,11 @@ class _Protocol(asyncio.Protocol):
                 if self.transport is None:
                     u.aborted += 1
                     raise ConnectionError("client went away mid-stream")
+
+    def _fails(self, n: int) -> bool:
+        """Whether the n-th completion (1-based) fails: all, or an even `fail_ratio` of them."""
+        r = self.u.behaviour.fail_ratio
+        return r == 0 or int(n * r) > int((n - 1) * r)
 
     async def _stream_slowly(self, events: list[bytes]) -> None:
         b, u = self.u.behaviour, self.u

@@ -144,6 +144,11 @@ class GatewayMetrics:
             "negative number, a missing field): relayed as they were, tokens not counted",
             ["model"], registry=r,
         )
+        self.retries_refused = Counter(
+            "llmserve_upstream_retries_refused",
+            "Retries not attempted because the retry budget (GATEWAY_RETRY_BUDGET) was spent",
+            ["model"], registry=r,
+        )
         self.backends = _BackendCollector()
         r.register(self.backends)
         self.upstream_connections = _UpstreamConnCollector()

@@ -395,10 +395,16 @@ def _count_usage(
 
 def _next_replica(d: ProxyDeps, model: str, tried: list[Backend]) -> Backend | None:
     """The next replica for `model` that is not in `tried`, acquired (the caller releases it);
-    every pick after the first is counted as a retry."""
+    every pick after the first is a retry, taken from the retry budget (None when spent)."""
+    budget = d.router.retry_budget
+    if not tried:
+        budget.request()
     backend = d.router.pick(model, tried)
     if backend is not None:
         if tried:
+            if not budget.try_retry():
+                d.metrics.retries_refused.labels(model).inc()
+                return None
             d.metrics.retries.labels(model).inc()
         tried.append(backend)
         backend.acquire()
