@@ -65,6 +65,9 @@ class Behaviour(BaseSettings):
                                                    "the role event at once, as vLLM sends them")
     fail_status: int = Field(0, description="answer every completion with this HTTP status "
                                             "(400-599) and an OpenAI error body; 0: never")
+    max_answer_tokens: int = Field(0, ge=0, description="answers stop at this many tokens, "
+                                                       "whatever max_tokens asks (an engine at "
+                                                       "its context length); 0: no cap")
     fail_ratio: float = Field(0.0, ge=0, le=1,
                               description="answer this share of completions with fail_status "
                                           "(evenly spread: 0.5 fails every other one); 0: all "
@@ -366,8 +369,12 @@ class _Protocol(asyncio.Protocol):
                 raise TypeError("the body must be a JSON object")
             u.last_request = body
             n = body.get("max_tokens") or body.get("max_completion_tokens") or b.tokens
+            if isinstance(n, float) and n.is_integer():  # 5.0 is 5 to vLLM too (pydantic, lax)
+                n = int(n)
             if not isinstance(n, int) or n < 0:
                 raise TypeError("max_tokens must be a non-negative integer")
+            if b.max_answer_tokens:
+                n = min(n, b.max_answer_tokens)
             prompt = body.get("prompt")
             prompts = len(prompt) if kind == "completion" and isinstance(prompt, list) and \
                 prompt and not isinstance(prompt[0], int) else 1
