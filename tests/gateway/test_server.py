@@ -108,7 +108,8 @@ def test_drain_expiry_ends_each_open_stream_with_one_error_event(
     upstreams: UpstreamFactory,
 ) -> None:
     """Streams still open when the drain timeout expires each get one in-band error event and a
-    proper end (no [DONE], no cut connection), and nothing is logged as a traceback."""
+    proper end (no [DONE], no cut connection), a whole answer still pending gets a 503, and
+    nothing is logged as a traceback."""
     up = upstreams(token_delay_s=0.05)  # 400 tokens: 20 s, far past the 1 s drain
     with gateway_process(up, "--drain-timeout-s", "1") as (gw, url):
         results: list[str | BaseException] = []
@@ -122,7 +123,17 @@ def test_drain_expiry_ends_each_open_stream_with_one_error_event(
             except httpx.HTTPError as exc:  # a cut stream: what the fix prevents
                 results.append(exc)
 
+        whole: list[httpx.Response | BaseException] = []
+
+        def unanswered() -> None:
+            try:
+                whole.append(httpx.post(url + "/v1/completions", timeout=30, json={
+                    "model": "demo", "prompt": "hi", "max_tokens": 400}))
+            except httpx.HTTPError as exc:
+                whole.append(exc)
+
         threads = [threading.Thread(target=stream) for _ in range(3)]
+        threads.append(threading.Thread(target=unanswered))
         for t in threads:
             t.start()
         time.sleep(0.5)  # all three are streaming
@@ -141,8 +152,11 @@ def test_drain_expiry_ends_each_open_stream_with_one_error_event(
         assert errors == [events[-1]], events[-3:]
         assert orjson.loads(errors[0].removeprefix("data: "))["error"]["code"] == "shutting_down"
         assert len(events) > 3  # it was cut mid-stream, not refused
+    [answer] = whole
+    assert isinstance(answer, httpx.Response), f"no answer: {answer!r}"
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "shutting_down"
     assert "Traceback" not in log and "Cancel" not in log, log
-    assert "ending 3 open request(s)" in log
+    assert "ending 4 open request(s)" in log
 
 
 async def test_ready_turns_unready_when_the_drain_starts(upstreams: UpstreamFactory) -> None:
