@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # TTFT on CPU engines spans milliseconds to seconds under load; GPU clusters sit at the low end.
@@ -78,6 +78,23 @@ class _BackendCollector(Collector):
         return iter(())
 
 
+class _UpstreamConnCollector(Collector):
+    """Upstream connections opened, from the transport's own count when Prometheus scrapes."""
+
+    def __init__(self) -> None:
+        self.view: Callable[[], int] | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        if self.view is not None:
+            yield CounterMetricFamily(
+                "llmserve_upstream_connections_opened",
+                "TCP connections the gateway opened to backends (requests and probes); with "
+                "keep-alive working, near zero per 1,000 requests", value=self.view())
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())
+
+
 _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -121,8 +138,21 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+        self.usage_invalid = Counter(
+            "llmserve_upstream_usage_invalid",
+            "Successful upstream answers whose usage was missing or malformed (a string, a "
+            "negative number, a missing field): relayed as they were, tokens not counted",
+            ["model"], registry=r,
+        )
+        self.retries_refused = Counter(
+            "llmserve_upstream_retries_refused",
+            "Retries not attempted because the retry budget (GATEWAY_RETRY_BUDGET) was spent",
+            ["model"], registry=r,
+        )
         self.backends = _BackendCollector()
         r.register(self.backends)
+        self.upstream_connections = _UpstreamConnCollector()
+        r.register(self.upstream_connections)
 
         # -- flow control (gateway/flow) ---------------------------------------------------------
         self.pools = _PoolCollector()

@@ -170,6 +170,17 @@ class GatewaySettings(BaseSettings):
     retries: int = Field(
         1, ge=0, le=5, description="extra attempts on other replicas, only before the first byte"
     )
+    retry_budget: float = Field(
+        0.2, ge=0, le=1, description="retries may be at most this share of the requests of the "
+                                     "last 10 s (plus retry_budget_min): a bound on retry load"
+    )
+    retry_budget_min: int = Field(
+        3, ge=0, description="retries allowed per 10 s whatever the traffic"
+    )
+    eject_failure_rate: float = Field(
+        0.3, gt=0, le=1, description="a backend whose recent requests fail at this rate (moving "
+                                     "average) is ejected, unless it is the last one available"
+    )
 
     timeouts: Timeouts = Field(default_factory=lambda: Timeouts())
     flow: FlowSettings = Field(default_factory=lambda: FlowSettings())

@@ -6,7 +6,8 @@ from __future__ import annotations
 class Backend:
     """Mutable routing state of one replica. Identity-hashed: two objects are two replicas."""
 
-    __slots__ = ("ejected_until", "failures", "models", "outstanding", "probe_ok", "url")
+    __slots__ = ("ejected_until", "failure_rate", "failures", "models", "outstanding", "probe_ok",
+                 "url")
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
@@ -17,6 +18,7 @@ class Backend:
         self.probe_ok = False
         self.ejected_until = 0.0
         self.failures = 0
+        self.failure_rate = 0.0  # moving average of its requests' failures (1) and successes (0)
 
     def acquire(self) -> None:
         self.outstanding += 1

@@ -7,6 +7,7 @@ from gateway.routing.discovery.dns import Dns
 from gateway.routing.discovery.static import Static
 from gateway.routing.policy import make_policy
 from gateway.routing.probe import Prober
+from gateway.routing.retry_budget import RetryBudget
 from gateway.routing.router import Router
 from gateway.settings import GatewaySettings
 
@@ -33,4 +34,6 @@ def build_router(settings: GatewaySettings, prober: Prober) -> Router:
         health_interval_s=settings.health_interval_s,
         eject_after_failures=settings.eject_after_failures,
         eject_for_s=settings.eject_for_s,
+        eject_failure_rate=settings.eject_failure_rate,
+        retry_budget=RetryBudget(settings.retry_budget, settings.retry_budget_min),
     )

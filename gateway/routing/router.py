@@ -7,6 +7,11 @@ its first passed probe (a replica still loading its model would fail the first r
 
 Passive health: `eject_after_failures` consecutive request failures eject a backend for
 `eject_for_s`, so a replica that dies between probes stops taking traffic after a few requests.
+A replica that fails only some of its requests (a brownout: every other one a 503) never fails
+three in a row; it is ejected when the moving average of its failures reaches
+`eject_failure_rate`, unless no other backend is available (then its successes are all there is).
+Left in, it would draw ever more traffic: its failures answer fast, so it has the fewest requests
+in flight. Retries to other replicas are bounded by a retry budget (routing/retry_budget.py).
 
 Decision: a passing probe does NOT cut an ejection short. The failures were real requests failing
 while /health still answered 200 (a wedged engine, a broken pipe, an overloaded replica), so a
@@ -26,8 +31,12 @@ from gateway.routing.backend import Backend
 from gateway.routing.discovery.base import Discovery
 from gateway.routing.policy import RouteRequest, RoutingPolicy
 from gateway.routing.probe import Prober
+from gateway.routing.retry_budget import RetryBudget
 
 log = logging.getLogger("gateway.router")
+
+# Weight of each request in a backend's failure moving average: about the last 20 requests count.
+FAILURE_ALPHA = 0.1
 
 
 class Router:
@@ -40,6 +49,8 @@ class Router:
         health_interval_s: float,
         eject_after_failures: int,
         eject_for_s: float,
+        eject_failure_rate: float = 1.0,
+        retry_budget: RetryBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if health_interval_s <= 0 or eject_after_failures < 1 or eject_for_s < 0:
@@ -53,7 +64,9 @@ class Router:
         self._interval = health_interval_s
         self._eject_after = eject_after_failures
         self._eject_for = eject_for_s
+        self._eject_rate = eject_failure_rate
         self._clock = clock
+        self.retry_budget = retry_budget or RetryBudget(clock=clock)
         self._backends: dict[str, Backend] = {}
         # model -> (backends that serve it, the RouteRequest for it); rebuilt off the hot path,
         # read per request. Tuples: `pick` may hand a pool to the policy as is. The request is
@@ -112,16 +125,30 @@ class Router:
 
     def report_success(self, b: Backend) -> None:
         b.failures = 0
+        b.failure_rate -= b.failure_rate * FAILURE_ALPHA
 
     def report_failure(self, b: Backend) -> None:
-        """Count one failed request; the Nth in a row ejects `b` for `eject_for_s` (see module)."""
+        """Count one failed request; the Nth in a row, or a failure rate at
+        `eject_failure_rate`, ejects `b` for `eject_for_s` (see module)."""
         b.failures += 1
+        b.failure_rate += (1.0 - b.failure_rate) * FAILURE_ALPHA
         if b.failures >= self._eject_after:
-            b.ejected_until = self._clock() + self._eject_for
-            # Readmitted with a clean slate: N more failures in a row eject it again.
-            b.failures = 0
-            log.warning("ejected %s for %ss after %d consecutive failures", b.url,
-                        self._eject_for, self._eject_after)
+            why = f"{self._eject_after} consecutive failures"
+        elif b.failure_rate >= self._eject_rate and self._others_available(b):
+            why = f"a failure rate of {b.failure_rate:.0%}"
+        else:
+            return
+        b.ejected_until = self._clock() + self._eject_for
+        # Readmitted with a clean slate: it has to fail again to be ejected again.
+        b.failures = 0
+        b.failure_rate = 0.0
+        log.warning("ejected %s for %ss after %s", b.url, self._eject_for, why)
+
+    def _others_available(self, b: Backend) -> bool:
+        """Another backend available for some model `b` serves."""
+        now = self._clock()
+        return any(o is not b and o.available(now) and o.models & b.models
+                   for o in self._backends.values())
 
     # -- views -----------------------------------------------------------------------------------
 

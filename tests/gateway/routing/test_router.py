@@ -127,6 +127,29 @@ async def test_passive_ejection_and_readmission(setup: Setup) -> None:
     assert {url(router.pick("llama")) for _ in range(4)} == {A, B}
 
 
+async def test_a_replica_failing_every_other_request_is_ejected_but_never_the_last(
+    setup: Setup,
+) -> None:
+    """A brownout never fails `eject_after_failures` in a row; its failure rate ejects it."""
+    router, _, clock = setup
+    router._eject_rate = 0.3
+    a, b = backend(router, A), backend(router, B)
+    for i in range(10):
+        router.report_success(a) if i % 2 else router.report_failure(a)
+        if not a.available(clock.now):
+            break
+    assert not a.available(clock.now) and i < 10
+    clock.now += 10
+    assert a.available(clock.now) and a.failure_rate == 0.0  # a clean slate when readmitted
+    # The last one available is kept: some of its answers succeed, none would without it.
+    router.report_failure(a), router.report_failure(a)  # consecutive: ejected
+    for i in range(40):
+        router.report_success(b) if i % 2 else router.report_failure(b)
+    assert b.available(clock.now)
+    router.report_failure(b), router.report_failure(b)  # two in a row still eject, as before
+    assert not b.available(clock.now)
+
+
 async def test_passing_probe_does_not_cut_an_ejection_short(setup: Setup) -> None:
     router, _, clock = setup
     a = backend(router, A)
