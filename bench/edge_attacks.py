@@ -288,7 +288,7 @@ def _flood_worker(host: str, port: int, count: int, hold_s: float,
 
 def idle_flood(host: str, port: int, count: int, hold_s: float, procs: int = 2) -> Flood:
     """`count` idle connections from `procs` processes (each within this machine's fd limit)."""
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # no fork of a process with threads (pytest, pollers)
     q: mp.Queue[Flood] = ctx.Queue()
     workers = [ctx.Process(target=_flood_worker, args=(host, port, count // procs, hold_s, q))
                for _ in range(procs)]

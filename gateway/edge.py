@@ -17,8 +17,9 @@ subclasses it and enforces, before the parser sees the bytes:
 - connections over `max_connections` are closed at accept, before they cost more than an fd.
 
 A refusal is answered in OpenAI's JSON shape where the client can still read it, then the write
-side is shut, reading stops, and the connection is reset `_LINGER_S` later: closing with unread
-input resets the connection at once, which can destroy the answer before the client reads it.
+side is shut and input is dropped unparsed until the client closes, or for `_LINGER_S` or
+`_LINGER_BYTES` at most: closing with unread input resets the connection at once, which can destroy
+the answer before the client reads it.
 Every refusal counts in `llmserve_edge_events{reason}` and logs at most one line per reason per
 `log_interval_s`. `open_probe_listener` serves /health, /ready and /metrics on their own port, so
 a flood of the API port cannot starve the kubelet's probes of connections.
@@ -55,6 +56,7 @@ REASONS = ("head_too_large", "too_many_headers", "head_timeout", "body_timeout",
            "connection_cap", "bad_request")
 # How long a refused connection's input is read and dropped before the reset (see the docstring).
 _LINGER_S = 0.5
+_LINGER_BYTES = 256 * 1024
 PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
@@ -113,6 +115,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._timer: TimerHandle | None = None
         self._body_at = 0.0  # loop time of the last body read (or of the end of the head)
         self._refused = False
+        self._linger_room = 0
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -130,8 +133,11 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return  # lingering: drop what the client still sends
+        if self._refused:  # lingering: drop what the client still sends, up to a point
+            self._linger_room -= len(data)
+            if self._linger_room < 0:
+                self.transport.abort()
+            return
         self._unset_keepalive_if_required()
         if self._in_head:
             room = self._head_room
@@ -269,16 +275,20 @@ class EdgeProtocol(HttpToolsProtocol):
             # The app's request ends here: it sees a disconnect; its response, if any, is dropped.
             cycle.disconnected = True
             cycle.message_event.set()
-        if answer and not (in_progress and cycle.response_started):
+        if not answer:
+            self.transport.close()  # nothing was sent, nothing to answer: no reason to linger
+            return
+        if not (in_progress and cycle.response_started):
             self.transport.write(_raw_response(error, self.server_state.default_headers))
         self._linger()
 
     def _linger(self) -> None:
-        # Not read, not parsed: what the client still sends waits in the kernel's buffer (and then
-        # stops it) at no cost to the loop. The answer and a FIN go out now, the reset later.
+        # The answer and a FIN go out now. Input is still read (and dropped, unparsed), so a client
+        # that reads the answer and closes frees the connection at once; one that keeps sending
+        # is reset after _LINGER_BYTES more, or after _LINGER_S.
         self._refused = True
-        if self.transport.is_reading():
-            self.transport.pause_reading()
+        self._linger_room = _LINGER_BYTES
+        self.flow.resume_reading()
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(_LINGER_S, self.transport.abort)
