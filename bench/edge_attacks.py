@@ -10,8 +10,8 @@ gateway's fds before, at the peak and after, and how long the idle connections w
 
     python -m bench.edge_attacks [--gateway-from main=DIR] [--no-current] [--flood 20000]
 
-`--gateway-from LABEL=DIR` adds another checkout's gateway (its code first on the path), e.g. the
-main branch before the edge existed; it gets no edge flags. The current checkout runs with
+`--gateway-from LABEL=DIR` adds another checkout's gateway (run with DIR as its working
+directory), e.g. the main branch before the edge existed; it gets no edge flags. The current checkout runs with
 `--edge.probe-port` and the head/body timeouts set by `--head-timeout-s`/`--body-timeout-s`
 (short, so the run stays short; the defaults are 10 s and 30 s). The attack functions are also
 what tests/gateway/test_edge.py runs, scaled down.
@@ -89,10 +89,14 @@ class Outcome:
     how: str  # "answer", "closed", "reset", "timeout"
     body: bytes = b""
     sent: int = 0  # bytes the client got to send by then
+    closed_s: float | None = None  # until_close: first byte -> the server's close (None: never)
+    sent_at_close: int = 0  # until_close: bytes the client got to send by the close (or timeout)
 
 
-def attack(host: str, port: int, pieces: Iterable[bytes], timeout_s: float = 5.0) -> Outcome:
-    """Send `pieces` from a thread while reading the answer; stop sending once one arrives."""
+def attack(host: str, port: int, pieces: Iterable[bytes], timeout_s: float = 5.0,
+           until_close: bool = False) -> Outcome:
+    """Send `pieces` from a thread while reading the answer; stop sending once one arrives (with
+    `until_close`, once the server closes the connection, or at the timeout)."""
     sock = socket.create_connection((host, port), timeout=timeout_s)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sent = [0]
@@ -129,6 +133,17 @@ def attack(host: str, port: int, pieces: Iterable[bytes], timeout_s: float = 5.0
         how = "reset"
     elapsed = time.perf_counter() - t0
     at = sent[0]
+    closed_s = None
+    if until_close and how == "answer":
+        try:
+            while sock.recv(65536):
+                pass
+            closed_s = time.perf_counter() - t0
+        except TimeoutError:
+            pass
+        except OSError:
+            closed_s = time.perf_counter() - t0
+    at_close = sent[0]
     # shutdown wakes the sender blocked in sendall; close alone would not.
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -138,7 +153,7 @@ def attack(host: str, port: int, pieces: Iterable[bytes], timeout_s: float = 5.0
     sender.join(5)
     status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else None
     return Outcome(elapsed, status, how if status is None else "answer",
-                   data.partition(b"\r\n\r\n")[2], at)
+                   data.partition(b"\r\n\r\n")[2], at, closed_s, at_close)
 
 
 # -- health polling and well-behaved clients ---------------------------------------------------------
@@ -333,10 +348,13 @@ def _fmt(o: Outcome) -> str:
     return f"{o.status or o.how} in {o.seconds * 1e3:.1f} ms (client sent {o.sent / MiB:.1f} MiB)"
 
 
-def run_one(label: str, cmd: str, port: int, probe: int, args: argparse.Namespace) -> list[str]:
-    lines = [f"## {label}: {cmd}"]
+def run_one(label: str, cmd: str, cwd: str, port: int, probe: int,
+            args: argparse.Namespace) -> list[str]:
+    lines = [f"## {label} ({cwd}): {cmd}"]
+    # The checkout is the working directory: `python -m` puts it first on sys.path, ahead of
+    # PYTHONPATH, so that is the only way to run another checkout's gateway.
     proc = subprocess.Popen(shlex.split(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd)
     host, url = "127.0.0.1", f"http://127.0.0.1:{port}"
     try:
         _wait_ok(url + "/ready")
@@ -367,8 +385,12 @@ def run_one(label: str, cmd: str, port: int, probe: int, args: argparse.Namespac
                 f"{health.worst_ms:.1f} ms, {health.failures} failed; well-behaved p99 "
                 f"{good.p99_ms():.2f} ms ({good.failures} failed); backends up "
                 f"{_backends_up(url):.0f}")
-        o = attack(host, port, chunked_body(100 * MiB), timeout_s=args.bomb_timeout_s)
-        lines.append(f"chunked 100 MiB body (limit 8 MiB): {_fmt(o)}")
+        o = attack(host, port, chunked_body(100 * MiB), timeout_s=args.bomb_timeout_s,
+                   until_close=True)
+        closed = (f"closed at {o.closed_s * 1e3:.0f} ms" if o.closed_s is not None
+                  else f"still open after {args.bomb_timeout_s:g} s")
+        lines.append(f"chunked 100 MiB body (limit 8 MiB): {_fmt(o)}; connection {closed}, "
+                     f"client sent {o.sent_at_close / MiB:.1f} MiB by then")
 
         fd0 = fd_count(pid)
         health = Poller(host, probe)
@@ -454,14 +476,12 @@ def main() -> int:
         for extra in args.gateway_from:
             label, _, path = extra.partition("=")
             port = _free_port()
-            report += run_one(label, f"env PYTHONPATH={path} " + base.format(port=port), port,
-                              port, args)
+            report += run_one(label, base.format(port=port), path, port, port, args)
         if not args.no_current:
             port, probe = _free_port(), _free_port()
             cmd = (base.format(port=port) + f" --edge.probe-port {probe} --edge.head-timeout-s "
                    f"{args.head_timeout_s:g} --edge.body-timeout-s {args.body_timeout_s:g}")
-            report += run_one("this checkout", f"env PYTHONPATH={os.getcwd()} " + cmd, port, probe,
-                              args)
+            report += run_one("this checkout", cmd, os.getcwd(), port, probe, args)
         print("\n".join(report))
     finally:
         os.killpg(upstream.pid, 9)
