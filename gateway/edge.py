@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
 from asyncio import TimerHandle
 from typing import Any, ClassVar, cast
@@ -81,6 +82,16 @@ class Edge:
                     f" ({detail})" if detail else "",
                     f"; {quiet} more since the last such line" if quiet else "")
         self._last_log[reason] = now
+
+
+def check_fd_limit(settings: EdgeSettings) -> None:
+    """Warn when the process cannot open `max_connections` sockets plus room for upstream
+    connections and the probes: then fd exhaustion, not the cap, decides who gets refused."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and settings.max_connections + 1024 > soft:
+        log.warning("GATEWAY_EDGE__MAX_CONNECTIONS=%d leaves less than 1024 of the %d file "
+                    "descriptors this process may open (ulimit -n) for upstreams and probes",
+                    settings.max_connections, soft)
 
 
 class _Refused(Exception):

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
 from gateway.app import GatewayState, build_app
-from gateway.edge import Edge, EdgeProtocol, open_probe_listener
+from gateway.edge import Edge, EdgeProtocol, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway")
@@ -78,6 +78,7 @@ def run(settings: GatewaySettings) -> None:
     app = build_app(settings)
     state = app.state
     edge = Edge(settings.edge, state.metrics)
+    check_fd_limit(settings.edge)
     config = uvicorn.Config(
         app,
         host=settings.host,
