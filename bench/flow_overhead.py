@@ -6,6 +6,11 @@ client on CPU 1; rounds alternate; medians), plus an `Authorization` header on e
 the auth path is really taken. Limits are set high enough that nothing is refused.
 
     python -m bench.flow_overhead [--duration 6] [--repeats 3] [--redis-url redis://...]
+        [--gateway-from main=DIR]
+
+`--gateway-from LABEL=DIR` also measures another checkout's gateway (flow off and flow on, in the
+same alternating rounds), run with DIR as its working directory: `python -m` puts the working
+directory first on sys.path, ahead of PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -112,6 +117,8 @@ def main() -> int:
     p.add_argument("--redis-url", default=None,
                    help="also measure flow-on with the per-key limits shared in this Redis "
                         "(redis://127.0.0.1:6379/0): one round trip per request")
+    p.add_argument("--gateway-from", action="append", default=[], metavar="LABEL=DIR",
+                   help="also measure this checkout's gateway (flow-off, flow-on)")
     args = p.parse_args()
     import uvloop
 
@@ -136,6 +143,12 @@ def main() -> int:
     }
     if args.redis_url:
         variants["flow-on+redis"] = variants["flow-on"] + f" --flow.limits-redis-url {args.redis_url}"
+    where: dict[str, str | None] = dict.fromkeys(variants)
+    for extra in args.gateway_from:
+        label, _, path = extra.partition("=")
+        for name in ("flow-off", "flow-on"):
+            variants[f"{label}:{name}"] = variants[name]
+            where[f"{label}:{name}"] = path
     procs = [start(f"{sys.executable} -m bench.fake_upstream --port {up_port} "
                    f"--tokens {args.tokens}", "1")]
     try:
@@ -143,7 +156,7 @@ def main() -> int:
         targets = [("direct", upstream)]
         for name, extra in variants.items():
             port = free_port()
-            procs.append(start(base.format(port=port) + extra, "0"))
+            procs.append(start(base.format(port=port) + extra, "0", where[name]))
             targets.append((name, f"http://127.0.0.1:{port}"))
             wait_ok(targets[-1][1] + "/ready")
         time.sleep(0.5)

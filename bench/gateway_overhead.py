@@ -68,10 +68,10 @@ def wait_ok(url: str, timeout_s: float = 30) -> None:
     raise TimeoutError(url)
 
 
-def start(cmd: str, cpu: str) -> subprocess.Popen[bytes]:
+def start(cmd: str, cpu: str, cwd: str | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(["taskset", "-c", cpu, *shlex.split(cmd)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd)
 
 
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:

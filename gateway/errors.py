@@ -92,6 +92,18 @@ class PayloadTooLarge(GatewayError):
     code = "payload_too_large"
 
 
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class HeadTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_fields_too_large"
+
+
 class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"

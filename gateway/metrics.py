@@ -154,6 +154,17 @@ class GatewayMetrics:
         self.upstream_connections = _UpstreamConnCollector()
         r.register(self.upstream_connections)
 
+        # -- the HTTP edge (gateway/edge.py) -----------------------------------------------------
+        self.edge_events = Counter(
+            "llmserve_edge_events",
+            "Connections and requests refused or cut by the HTTP edge, by reason "
+            "(head_too_large, too_many_headers, head_timeout, body_timeout, body_unread, "
+            "connection_cap, bad_request)", ["reason"], registry=r,
+        )
+        self.connections_open = Gauge(
+            "llmserve_connections_open", "Client connections open on the API listener", registry=r
+        )
+
         # -- flow control (gateway/flow) ---------------------------------------------------------
         self.pools = _PoolCollector()
         r.register(self.pools)

@@ -18,11 +18,16 @@ import asyncio
 import logging
 import math
 import socket
+import sys
 from types import FrameType
+from typing import cast
 
 import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.server import ServerState
 
 from gateway.app import GatewayState, build_app
+from gateway.edge import Edge, EdgeProtocol, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway")
@@ -33,9 +38,28 @@ _BACKSTOP_S = 1
 
 
 class _DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: GatewayState) -> None:
+    def __init__(self, config: uvicorn.Config, state: GatewayState, edge: Edge | None = None,
+                 ) -> None:
         super().__init__(config)
         self._state = state
+        self._edge = edge
+        self._probe: tuple[asyncio.Server, ServerState] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        port = self._state.settings.edge.probe_port
+        if not self.started or port is None or self._edge is None:
+            return
+        # The probes' own listener (gateway/edge.py): a flood of the API port cannot take the
+        # connections /health and /ready need.
+        try:
+            self._probe = await open_probe_listener(
+                self.config, self._edge, cast(ASGIApp, self.config.loaded_app),
+                self.lifespan.state, self.config.host, port)
+        except OSError as exc:
+            log.error("probe listener on port %s: %s", port, exc)
+            await self.lifespan.shutdown()
+            sys.exit(3)  # uvicorn's STARTUP_FAILURE
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Step 3: flip readiness before uvicorn stops accepting, then let uvicorn's graceful
@@ -54,6 +78,13 @@ class _DrainingServer(uvicorn.Server):
             await super().shutdown(sockets)
         finally:
             expiry.cancel()
+        # Step 5: the probe listener outlives the drain: /ready answers 503 and /health 200 until
+        # the end.
+        if self._probe is not None:
+            server, state = self._probe
+            server.close()
+            for connection in list(state.connections):
+                connection.shutdown()
 
     def _expire(self) -> None:
         n = self._state.inflight.expire()
@@ -68,13 +99,16 @@ def run(settings: GatewaySettings) -> None:
     )
     app = build_app(settings)
     state = app.state
+    edge = Edge(settings.edge, state.metrics)
+    check_fd_limit(settings.edge)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         # uvloop + httptools: the C event loop and parser carry the per-event cost.
         loop="uvloop",
-        http="httptools",
+        # httptools, with the edge's caps and deadlines (gateway/edge.py).
+        http=EdgeProtocol.bound(edge),
         lifespan="on",
         access_log=False,  # per-request log lines cost more than the proxying itself
         log_level=settings.log_level,
@@ -84,4 +118,6 @@ def run(settings: GatewaySettings) -> None:
         # No proxy-header rewriting: nothing here uses the client address, and it runs per request.
         proxy_headers=False,
     )
-    _DrainingServer(config, state).run()
+    server = _DrainingServer(config, state, edge)
+    state.metrics.connections_open.set_function(lambda: len(server.server_state.connections))
+    server.run()

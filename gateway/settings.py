@@ -132,6 +132,38 @@ class BatchSettings(BaseModel):
     )
 
 
+class EdgeSettings(BaseModel):
+    """The HTTP edge against hostile and slow clients (gateway/edge.py), enforced in the protocol
+    before a request reaches the app: head caps, head/body timeouts, a connection cap, and a
+    separate listener for the probes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # 64 KiB / 100 as in Envoy (max_request_headers_kb 60, max_headers_count 100) and above NGINX's
+    # 4 x 8 KiB large_client_header_buffers: an OpenAI client sends well under 2 KiB.
+    max_head_bytes: int = Field(
+        64 * 1024, ge=1024, le=16 * 1024 * 1024,
+        description="largest request head (request line + headers); larger gets 431",
+    )
+    max_headers: int = Field(100, ge=8, le=10_000, description="most request headers; more: 431")
+    head_timeout_s: float = Field(
+        10.0, gt=0, description="a connection's first byte, or a request's, to the end of its head"
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="longest gap between two reads of a request body"
+    )
+    max_connections: int = Field(
+        8192, ge=1, description="open client connections per process; more are closed at accept"
+    )
+    probe_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="separate listener for /health, /ready and /metrics (unset: none)",
+    )
+    log_interval_s: float = Field(
+        10.0, gt=0, description="at most one log line per kind of edge event this often"
+    )
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GATEWAY_",
@@ -185,6 +217,7 @@ class GatewaySettings(BaseSettings):
     timeouts: Timeouts = Field(default_factory=lambda: Timeouts())
     flow: FlowSettings = Field(default_factory=lambda: FlowSettings())
     batch: BatchSettings = Field(default_factory=lambda: BatchSettings())
+    edge: EdgeSettings = Field(default_factory=lambda: EdgeSettings())
     api_keys_file: Path | None = Field(
         None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off"
     )
@@ -219,4 +252,6 @@ class GatewaySettings(BaseSettings):
             self.backends
         ):
             raise ValueError("GATEWAY_BACKENDS lists the same backend twice")
+        if self.edge.probe_port == self.port:
+            raise ValueError("GATEWAY_EDGE__PROBE_PORT must differ from GATEWAY_PORT")
         return self

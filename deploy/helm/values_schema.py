@@ -259,6 +259,7 @@ SCHEMA: dict[str, Any] = {
             {
                 "replicas": i(1),
                 "port": i(1, maximum=65535),
+                "probePort": i(1, maximum=65535),
                 "discovery": s(enum=["kubernetes", "dns", "static"]),
                 "backends": {"type": "array", "items": s(pattern="^https?://.+")},
                 "drainTimeoutSeconds": {"type": ["integer", "null"], "minimum": 0},

@@ -132,6 +132,12 @@ def test_probes(release: Release) -> None:
             c = pod.container("gateway")
             assert c["livenessProbe"]["httpGet"]["path"] == "/health"
             assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+            # Probes on the gateway's own probe listener, the port it is told to open.
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            assert c["livenessProbe"]["httpGet"]["port"] == "probes"
+            assert c["readinessProbe"]["httpGet"]["port"] == "probes"
+            assert str(ports["probes"]) == env_of(c)["GATEWAY_EDGE__PROBE_PORT"]
+            assert ports["probes"] != ports["http"]
         elif pod.role in ("single", "leader"):
             c = pod.container("worker")
             pool = pool_of(pod, release)

@@ -228,6 +228,10 @@ TEMPLATE_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
         {"gateway": {"env": {"GATEWAY_PORT": "9000"}}},
         "gateway.env.GATEWAY_PORT is managed by the chart",
     ),
+    "gateway probe port on the API port": (
+        {"gateway": {"probePort": 8000}},
+        "gateway.probePort must differ from gateway.port",
+    ),
     "gateway grace below preStop + drain": (
         {"gateway": {"terminationGracePeriodSeconds": 20}},
         "gateway.terminationGracePeriodSeconds=20 is shorter than",

@@ -175,8 +175,9 @@ def test_rendered_gateway_env_is_valid_gateway_settings(
         for name, value in env.items():
             m.setenv(name, value)
         settings = GatewaySettings()
-    (http,) = gateway.container("gateway")["ports"]
+    http, probes = gateway.container("gateway")["ports"]
     assert settings.port == http["containerPort"]
+    assert settings.edge.probe_port == probes["containerPort"]
     assert settings.discovery == release.values.get("gateway", {}).get("discovery", "kubernetes")
     if settings.discovery == "kubernetes":
         assert (settings.k8s_namespace, settings.k8s_port) == (NAMESPACE, 8000)

@@ -14,6 +14,7 @@ import uvicorn
 
 from bench.fake_upstream import Behaviour, FakeUpstream, start_in_thread
 from gateway.app import build_app
+from gateway.edge import Edge, EdgeProtocol
 from gateway.settings import GatewaySettings
 from tests.ports import free_port
 
@@ -39,8 +40,10 @@ def run_gateway(*, expect_ready: bool = True, **settings: Any) -> Iterator[Runni
     port = free_port()
     s = GatewaySettings(host="127.0.0.1", port=port, health_interval_s=0.2, **settings)
     app = build_app(s)
+    # The production protocol (gateway/edge.py), so every gateway test also drives the edge.
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
-                                           lifespan="on", loop="asyncio"))
+                                           lifespan="on", loop="asyncio",
+                                           http=EdgeProtocol.bound(Edge(s.edge, app.state.metrics))))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

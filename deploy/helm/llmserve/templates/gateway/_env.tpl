@@ -3,7 +3,7 @@ GATEWAY_* settings the chart manages; gateway.env may not set these (a second va
 setting would silently win or lose depending on order).
 */}}
 {{- define "llmserve.gateway.managedEnv" -}}
-GATEWAY_HOST GATEWAY_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS
+GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS
 {{- end -}}
 
 {{/*
@@ -22,6 +22,11 @@ maxReplicas/minReplicas x its limit when scaled out; NOTES says so).
   value: "0.0.0.0"
 - name: GATEWAY_PORT
   value: {{ $g.port | int | toString | quote }}
+{{- if eq ($g.probePort | int) ($g.port | int) }}
+{{- fail "gateway.probePort must differ from gateway.port (the probes get a listener of their own)" }}
+{{- end }}
+- name: GATEWAY_EDGE__PROBE_PORT
+  value: {{ $g.probePort | int | toString | quote }}
 - name: GATEWAY_DISCOVERY
   value: {{ $g.discovery | quote }}
 {{- if eq $g.discovery "kubernetes" }}

@@ -1,0 +1,345 @@
+"""The HTTP edge: what a hostile or slow client can make the gateway hold, bounded in the protocol.
+
+uvicorn's httptools protocol has no cap on the request head (httptools joins a header value piece
+by piece, so one 128 MB value costs quadratic copying on the event loop), no deadline for a head
+or a body that never completes, and no cap on open connections (`limit_concurrency` is checked
+only once a head is complete, so idle connections never meet it and hold their fds). `EdgeProtocol`
+subclasses it and enforces, before the parser sees the bytes:
+
+- head size: bytes fed to the parser while a head is incomplete are counted, and the parser gets
+  at most `max_head_bytes` of them (431);
+- header count: checked as each header is parsed (431);
+- head deadline: from the connection's (or request's) first byte to the end of its head (408, or
+  a plain close for a connection that never sent a byte);
+- body deadline: the longest gap between two body reads while the app waits for it (408);
+- a response finished while the request body is still arriving (a 413 for an oversized chunked
+  body, a 401 before a big upload) closes the connection instead of reading the rest;
+- connections over `max_connections` are closed at accept, before they cost more than an fd.
+
+A refusal is answered in OpenAI's JSON shape where the client can still read it, then the write
+side is shut and input is dropped unparsed until the client closes, or for `_LINGER_S` or
+`_LINGER_BYTES` at most: closing with unread input resets the connection at once, which can destroy
+the answer before the client reads it.
+Every refusal counts in `llmserve_edge_events{reason}` and logs at most one line per reason per
+`log_interval_s`. `open_probe_listener` serves /health, /ready and /metrics on their own port, so
+a flood of the API port cannot starve the kubelet's probes of connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from asyncio import TimerHandle
+from typing import Any, ClassVar, cast
+
+import httptools
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from gateway.errors import (
+    GatewayError,
+    HeadTooLarge,
+    InvalidRequest,
+    NotFound,
+    RequestTimeout,
+    send_error,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.settings import EdgeSettings
+
+log = logging.getLogger("gateway.edge")
+
+REASONS = ("head_too_large", "too_many_headers", "head_timeout", "body_timeout", "body_unread",
+           "connection_cap", "bad_request")
+# How long a refused connection's input is read and dropped before the reset (see the docstring).
+_LINGER_S = 0.5
+_LINGER_BYTES = 256 * 1024
+PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
+
+
+class Edge:
+    """Limits and bookkeeping shared by every connection of a process."""
+
+    def __init__(self, settings: EdgeSettings, metrics: GatewayMetrics) -> None:
+        self.settings = settings
+        # Children made up front: each reason is exported (at 0) before it first happens.
+        self._counters = {r: metrics.edge_events.labels(r) for r in REASONS}
+        self._last_log: dict[str, float] = {}
+        self._quiet: dict[str, int] = dict.fromkeys(REASONS, 0)
+
+    def event(self, reason: str, client: tuple[str, int] | None, detail: str = "") -> None:
+        self._counters[reason].inc()
+        now = time.monotonic()
+        if now - self._last_log.get(reason, -1e18) < self.settings.log_interval_s:
+            self._quiet[reason] += 1
+            return
+        quiet, self._quiet[reason] = self._quiet[reason], 0
+        log.warning("edge: %s from %s%s%s", reason, f"{client[0]}:{client[1]}" if client else "?",
+                    f" ({detail})" if detail else "",
+                    f"; {quiet} more since the last such line" if quiet else "")
+        self._last_log[reason] = now
+
+
+def check_fd_limit(settings: EdgeSettings) -> None:
+    """Warn when the process cannot open `max_connections` sockets plus room for upstream
+    connections and the probes: then fd exhaustion, not the cap, decides who gets refused."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and settings.max_connections + 1024 > soft:
+        log.warning("GATEWAY_EDGE__MAX_CONNECTIONS=%d leaves less than 1024 of the %d file "
+                    "descriptors this process may open (ulimit -n) for upstreams and probes",
+                    settings.max_connections, soft)
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing; feed_data re-raises it as the context of
+    an HttpParserCallbackError."""
+
+    def __init__(self, reason: str, error: GatewayError) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the edge's limits (module docstring). Bind an `Edge` with
+    `EdgeProtocol.bound(edge)`: uvicorn builds protocols from a class and fixed arguments."""
+
+    edge: ClassVar[Edge]
+
+    @classmethod
+    def bound(cls, edge: Edge) -> type[EdgeProtocol]:
+        return cast("type[EdgeProtocol]", type("BoundEdgeProtocol", (cls,), {"edge": edge}))
+
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        s = self.edge.settings
+        self._max_head = s.max_head_bytes
+        self._max_headers = s.max_headers
+        self._head_room = s.max_head_bytes  # head bytes the parser may still be fed
+        self._in_head = True  # between two requests a connection waits for a head
+        self._heads = 0  # heads completed, to tell whether a feed completed one
+        self._timer: TimerHandle | None = None
+        self._body_at = 0.0  # loop time of the last body read (or of the end of the head)
+        self._refused = False
+        self._linger_room = 0
+
+    # -- connection ------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        if len(self.connections) > self.edge.settings.max_connections:
+            self.edge.event("connection_cap", self.client, f"{len(self.connections) - 1} open")
+            self._refused = True
+            self.transport.abort()  # nothing was asked, nothing to answer: free the fd now
+            return
+        self._arm(self.edge.settings.head_timeout_s, self._head_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:  # lingering: drop what the client still sends, up to a point
+            self._linger_room -= len(data)
+            if self._linger_room < 0:
+                self.transport.abort()
+            return
+        self._unset_keepalive_if_required()
+        if self._in_head:
+            room = self._head_room
+            if len(data) > room:
+                # Feed the parser only up to the cap; if the head ended inside it, the rest is
+                # body (or the next request) and is fed as usual.
+                view = memoryview(data)
+                self._head_room = 0
+                heads = self._heads
+                if not self._feed(view[:room]):
+                    return
+                if self._heads == heads:
+                    self._refuse("head_too_large", HeadTooLarge(
+                        f"request head exceeds {self._max_head} bytes"))
+                    return
+                self._feed(view[room:])
+                return
+            self._head_room = room - len(data)
+        self._feed(data)
+
+    def _feed(self, data: bytes | memoryview) -> bool:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # No WebSocket routes; uvicorn's own handling (a warning, then plain HTTP).
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError as exc:
+            refused = exc.__context__
+            if isinstance(refused, _Refused):
+                self._refuse(refused.reason, refused.error)
+            else:
+                self._refuse("bad_request", InvalidRequest(f"invalid HTTP request: {exc}"))
+            return False
+        return True
+
+    # -- parser callbacks ------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._timer is None:  # a keep-alive connection's next request: its head deadline
+            self._arm(self.edge.settings.head_timeout_s, self._head_timeout)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # uvicorn's on_header plus the count (copied, not super(): this runs once per header).
+        if len(self.headers) >= self._max_headers:
+            raise _Refused("too_many_headers",
+                           HeadTooLarge(f"request has more than {self._max_headers} headers"))
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._heads += 1
+        self._disarm()
+        super().on_headers_complete()
+        # Disarmed in on_message_complete, usually within this same feed (no body, or all of it).
+        self._body_at = self.loop.time()
+        self._arm(self.edge.settings.body_timeout_s, self._body_timeout)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_at = self.loop.time()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._in_head = True
+        self._head_room = self._max_head
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if self.cycle.more_body and not self.pipeline and not self.transport.is_closing():
+            # Answered before the body was all read (a 413 on a chunked body, a 401): reading the
+            # rest only to keep the connection would let the client make us read it all.
+            self.cycle.keep_alive = False
+            self.edge.event("body_unread", self.client)
+            self._linger()
+            return
+        super().on_response_complete()
+
+    # -- deadlines -------------------------------------------------------------------------------
+
+    def _arm(self, delay: float, callback: Any) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_timeout(self) -> None:
+        self._timer = None
+        if self.transport.is_closing() or not self._in_head:
+            return
+        started = self._head_room < self._max_head  # some of this head arrived
+        self._refuse("head_timeout", RequestTimeout(
+            f"request head not received within {self.edge.settings.head_timeout_s:g} s"),
+            answer=started)
+
+    def _body_timeout(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None or not cycle.more_body:
+            return
+        timeout = self.edge.settings.body_timeout_s
+        if self.flow.read_paused or cycle.response_started:
+            # The app is not reading, or has answered: any delay is not the client's.
+            self._arm(timeout, self._body_timeout)
+            return
+        idle = self.loop.time() - self._body_at
+        if idle < timeout:
+            self._arm(timeout - idle, self._body_timeout)
+            return
+        self._refuse("body_timeout", RequestTimeout(
+            f"request body stalled for {self.edge.settings.body_timeout_s:g} s"))
+
+    # -- refusals --------------------------------------------------------------------------------
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's text/plain 400 (invalid request), in OpenAI's shape.
+        self._refuse("bad_request", InvalidRequest(msg))
+
+    def _refuse(self, reason: str, error: GatewayError, *, answer: bool = True) -> None:
+        self._refused = True
+        self._disarm()
+        self.edge.event(reason, self.client, error.message)
+        cycle = self.cycle
+        in_progress = cycle is not None and not cycle.response_complete
+        if in_progress:
+            # The app's request ends here: it sees a disconnect; its response, if any, is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if not answer:
+            self.transport.close()  # nothing was sent, nothing to answer: no reason to linger
+            return
+        if not (in_progress and cycle.response_started):
+            self.transport.write(_raw_response(error, self.server_state.default_headers))
+        self._linger()
+
+    def _linger(self) -> None:
+        # The answer and a FIN go out now. Input is still read (and dropped, unparsed), so a client
+        # that reads the answer and closes frees the connection at once; one that keeps sending
+        # is reset after _LINGER_BYTES more, or after _LINGER_S.
+        self._refused = True
+        self._linger_room = _LINGER_BYTES
+        self.flow.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(_LINGER_S, self.transport.abort)
+
+
+def _raw_response(error: GatewayError, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    body = error.body()
+    out = [STATUS_LINE[error.status]]
+    for name, value in (*default_headers, *error.headers(),
+                        (b"content-length", str(len(body)).encode()), (b"connection", b"close")):
+        out += [name, b": ", value, b"\r\n"]
+    out += [b"\r\n", body]
+    return b"".join(out)
+
+
+class ProbeApp:
+    """The probe listener's app: the gateway's own /health, /ready and /metrics, nothing else."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in PROBE_PATHS:
+            await send_error(send, NotFound("the probe port serves /health, /ready and /metrics"))
+            return
+        await self.app(scope, receive, send)
+
+
+async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp, app_state: dict[str, Any],
+                              host: str, port: int) -> tuple[asyncio.Server, ServerState]:
+    """Listen on `port` with the edge's limits, but with its own connection set: API connections
+    do not count against the probes' cap, and uvicorn's shutdown leaves these open for the drain."""
+    state = ServerState()
+    probe = EdgeProtocol.bound(edge)
+
+    def factory() -> asyncio.Protocol:
+        protocol = probe(config=config, server_state=state, app_state=app_state)
+        protocol.app = ProbeApp(app)
+        return protocol
+
+    server = await asyncio.get_running_loop().create_server(factory, host=host, port=port,
+                                                            backlog=config.backlog)
+    return server, state
