@@ -44,6 +44,7 @@ UNKNOWN = 2
 MAX_TOKENS = 24
 CONCURRENCY = 4
 RATE_INTERVAL = "15s"  # Grafana's $__rate_interval for a 1 s scrape, rounded up
+ALL = ".*"  # Grafana's "All" for the multi-value variables (their allValue)
 
 
 @dataclass
@@ -125,15 +126,16 @@ def _resolve(prom: PrometheusServer, d: Dashboard, start: float, end: float,
              preferred: dict[str, str]) -> dict[str, str]:
     """Each template variable as Grafana resolves it (label values of its selector, in order, so
     chained variables see the earlier ones); the value picked is `preferred`'s, which must be
-    among them."""
+    among them, or All."""
     values = {"__rate_interval": RATE_INTERVAL}
     for v in d.variables:
         selector, label = variable_source(v)
         series = prom.api("series", **{"match[]": substitute(selector, values),
                                        "start": start, "end": end})
         found = sorted({s[label] for s in series if label in s})
-        assert preferred[v.name] in found, (d.uid, v.name, found)
-        values[v.name] = preferred[v.name]
+        want = preferred[v.name]
+        assert found and (want == ALL or want in found), (d.uid, v.name, found)
+        values[v.name] = want
     return values
 
 
@@ -219,7 +221,8 @@ def _query_dashboards(prom: PrometheusServer, start: float, end: float, model: s
                       ) -> tuple[dict[str, Any], list[str]]:
     """Every panel query over the load, variables substituted: (results, the queries that
     returned no data)."""
-    preferred = {"namespace": NS, "model": model, "pool": POOLS[0], "pool_a": POOLS[0],
+    # One model; every pool (the engine panels then show both workers); the two pools apart.
+    preferred = {"namespace": NS, "model": model, "pool": ALL, "pool_a": POOLS[0],
                  "pool_b": POOLS[1], "model_a": model, "model_b": model}
     results: dict[str, Any] = {"start": start, "end": end, "dashboards": {}}
     empty = []
