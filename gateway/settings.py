@@ -164,6 +164,19 @@ class EdgeSettings(BaseModel):
     )
 
 
+class PoolLayout(BaseModel):
+    """One worker pool as the chart deploys it: exported as `llmserve_pool_info` only, so the
+    dashboards can put a pool's layout beside its figures (the gateway routes by model)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, description="the pool's name (the engines' `pool` label)")
+    model: str = Field(min_length=1, description="the model name the pool serves")
+    tp: int = Field(1, ge=1, description="tensor parallel size")
+    pp: int = Field(1, ge=1, description="pipeline parallel size")
+    nodes: int = Field(1, ge=1, description="nodes (pods) per replica")
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GATEWAY_",
@@ -226,6 +239,11 @@ class GatewaySettings(BaseSettings):
     )
     drain_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish"
+    )
+    pools: list[PoolLayout] = Field(
+        default_factory=list,
+        description='worker pool layouts for llmserve_pool_info, JSON: [{"name": "tp", "model": '
+        '"m", "tp": 2, "pp": 1, "nodes": 1}]',
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

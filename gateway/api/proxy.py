@@ -326,6 +326,11 @@ class ProxyEndpoint:
         status = "200"
         readany = resp.readany
         feed = relay.feed
+        # ITL: one gap per event after the first, stamped when its chunk arrived; events that
+        # arrive together get 0. Observed once at the end, never per event (see StreamHistogram).
+        now = loop.time
+        gaps: list[float] = [0.0] * (first.count(b"\n\n") - 1)
+        last = started + ttft
         try:
             out = first
             while not relay.saw_done:
@@ -336,6 +341,12 @@ class ProxyEndpoint:
                     if not chunk:
                         raise UpstreamFailed("replica ended the stream without [DONE]")
                     out = feed(chunk)
+                t = now()
+                gaps.append(t - last)
+                last = t
+                extra = out.count(b"\n\n") - 1  # a C scan of a short chunk
+                if extra > 0:
+                    gaps += [0.0] * extra
             await send({"type": "http.response.body", "body": out + relay.flush(),
                         "more_body": False})
             complete = ex.responded = True
@@ -361,8 +372,16 @@ class ProxyEndpoint:
             raise
         finally:
             m = d.metrics
+            e2e = loop.time() - started
             m.ttft.labels(req.model).observe(ttft)
-            m.e2e.labels(req.model).observe(loop.time() - started)
+            m.e2e.labels(req.model).observe(e2e)
+            if relay.saw_done:
+                # vllm bench serve counts no gap for [DONE] nor the usage-only event: both come
+                # last, so they are the last entries.
+                del gaps[max(0, len(gaps) - (2 if req.client_wants_usage else 1)):]
+            m.itl.observe_many(req.model, gaps)
+            if relay.completion_tokens > 1:
+                m.tpot.labels(req.model).observe((e2e - ttft) / (relay.completion_tokens - 1))
             m.requests.labels(req.model, backend.url, status).inc()
             if relay.usage_known:
                 _count_usage(m, req.model, tenant, (relay.prompt_tokens, relay.completion_tokens))

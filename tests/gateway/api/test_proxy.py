@@ -254,3 +254,32 @@ def test_terminator_after_done_in_a_later_read_keeps_the_upstream_connection(
         # The gateway's own count agrees (probes and the first request opened the rest).
         assert gw.metric("llmserve_upstream_connections_opened_total") == up.opened
 
+
+@pytest.mark.parametrize(("events_per_write", "usage"), [(1, False), (1, True), (16, False)])
+def test_itl_and_tpot_follow_vllm_bench_serve(
+    upstreams: UpstreamFactory, events_per_write: int, usage: bool
+) -> None:
+    # vllm bench serve: ITL is one gap per event with choices after the first (the role event
+    # counts), none for the usage-only event or [DONE]; TPOT = (E2E - TTFT) / (tokens - 1).
+    # Several events per write come with no delay between them: all but the first gap are 0.
+    up = upstreams(token_delay_s=0.02 if events_per_write == 1 else 0.0,
+                   events_per_write=events_per_write)
+    body = {**CHAT, "stream": True, **({"stream_options": {"include_usage": True}} if usage else {})}
+    with run_gateway(backends=[url_of(up)]) as gw:
+        for _ in range(3):
+            r = httpx.post(gw.url + "/v1/chat/completions", json=body)
+            with_choices = [e for e in events(r.text) if '"choices":[{' in e.replace(" ", "")]
+            assert len(with_choices) == 7  # role + 5 tokens + finish
+        assert gw.metric("llmserve_itl_seconds_count") == 3 * 6
+        assert gw.metric('llmserve_itl_seconds_bucket{le="+Inf",model="demo"}') == 3 * 6
+        assert gw.metric("llmserve_tpot_seconds_count") == 3
+        e2e = gw.metric("llmserve_e2e_request_latency_seconds_sum")
+        ttft = gw.metric("llmserve_ttft_seconds_sum")
+        assert gw.metric("llmserve_tpot_seconds_sum") == pytest.approx((e2e - ttft) / 4, rel=1e-6)
+        itl = gw.metric("llmserve_itl_seconds_sum")
+        if events_per_write == 1:
+            # Six 20 ms sleeps between the first and the last event with choices, per stream.
+            assert 3 * 6 * 0.02 <= itl < 3 * 6 * 0.02 + 0.5
+        else:
+            # Events that arrive together: every gap is (about) zero.
+            assert itl < 0.05
