@@ -76,6 +76,7 @@ def build_app(
     router = router or build_router(settings, prober)
     metrics = GatewayMetrics()
     metrics.backends.view = router.backend_states
+    metrics.routing.view = router.routing_stats
     # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
     keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
     admission = Admission(settings.flow, metrics) if settings.flow.enabled else None

@@ -161,15 +161,27 @@ async def test_success_resets_the_failure_count(setup: Setup) -> None:
     assert a.available(clock.now)
 
 
-async def test_all_ejected_is_not_ready(setup: Setup) -> None:
-    router, _, clock = setup
-    for b in router.backends():
-        router.report_failure(b)
-        router.report_failure(b)
-    assert not router.ready() and router.models() == []
-    assert router.knows_model("llama")  # 503 while they sit out, not 404
-    clock.now += 10
-    assert router.ready()
+async def test_all_ejected_is_not_ready_but_panic_still_routes() -> None:
+    prober = FakeProber({A: ["llama"], B: ["llama"], C: ["qwen"]})
+    clock = Clock()
+    # No ejection cap: every backend can be ejected at once.
+    router = Router(Static([A, B, C]), prober, LeastOutstanding(), health_interval_s=3600,
+                    eject_after_failures=2, eject_for_s=10, max_ejection_percent=100, clock=clock)
+    await router.start()
+    try:
+        assert await router.wait_ready(2)
+        for b in router.backends():
+            router.report_failure(b)
+            router.report_failure(b)
+        assert not router.ready() and router.models() == []
+        assert router.knows_model("llama")
+        # Panic mode: only passive ejection holds them back, so they still take traffic.
+        assert {url(router.pick("llama")) for _ in range(4)} == {A, B}
+        assert router.panics["llama"] == 4
+        clock.now += 10
+        assert router.ready()
+    finally:
+        await router.stop()
 
 
 async def test_failed_probe_makes_unavailable_but_model_still_known(setup: Setup) -> None:
