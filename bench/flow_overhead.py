@@ -112,6 +112,8 @@ def main() -> int:
     p.add_argument("--redis-url", default=None,
                    help="also measure flow-on with the per-key limits shared in this Redis "
                         "(redis://127.0.0.1:6379/0): one round trip per request")
+    p.add_argument("--affinity", action="store_true",
+                   help="also measure flow-on with the prefix_affinity routing policy")
     args = p.parse_args()
     import uvloop
 
@@ -134,6 +136,8 @@ def main() -> int:
         "flow-on": f"--api-keys-file {keys} --flow.enabled --batch.enabled "
                    "--flow.max-limit 4096 --flow.initial-limit 1024",
     }
+    if args.affinity:
+        variants["flow-on+affinity"] = variants["flow-on"] + " --routing-policy prefix_affinity"
     if args.redis_url:
         variants["flow-on+redis"] = variants["flow-on"] + f" --flow.limits-redis-url {args.redis_url}"
     procs = [start(f"{sys.executable} -m bench.fake_upstream --port {up_port} "
