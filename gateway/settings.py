@@ -182,7 +182,10 @@ class GatewaySettings(BaseSettings):
     transport: Literal["h1", "aiohttp"] = Field(
         "h1", description="upstream HTTP client: h1 (httptools, fastest) or aiohttp"
     )
-    routing_policy: str = Field("least_outstanding", description="replica selection policy")
+    routing_policy: str = Field(
+        "least_outstanding",
+        description="replica selection: least_outstanding, prefix_affinity or round_robin",
+    )
     routing_policies: dict[str, str] = Field(
         default_factory=dict, description="per model pool: model name -> policy (else the default)"
     )
