@@ -119,6 +119,8 @@ def main() -> int:
                         "(redis://127.0.0.1:6379/0): one round trip per request")
     p.add_argument("--gateway-from", action="append", default=[], metavar="LABEL=DIR",
                    help="also measure this checkout's gateway (flow-off, flow-on)")
+    p.add_argument("--affinity", action="store_true",
+                   help="also measure flow-on with the prefix_affinity routing policy")
     args = p.parse_args()
     import uvloop
 
@@ -141,6 +143,8 @@ def main() -> int:
         "flow-on": f"--api-keys-file {keys} --flow.enabled --batch.enabled "
                    "--flow.max-limit 4096 --flow.initial-limit 1024",
     }
+    if args.affinity:
+        variants["flow-on+affinity"] = variants["flow-on"] + " --routing-policy prefix_affinity"
     if args.redis_url:
         variants["flow-on+redis"] = variants["flow-on"] + f" --flow.limits-redis-url {args.redis_url}"
     where: dict[str, str | None] = dict.fromkeys(variants)

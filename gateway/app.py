@@ -91,6 +91,7 @@ def build_app(
     for layout in settings.pools:
         metrics.pool_info.labels(layout.name, layout.model, str(layout.tp), str(layout.pp),
                                  str(layout.nodes)).set(1)
+    metrics.routing.view = router.routing_stats
     # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
     keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
     admission = Admission(settings.flow, metrics) if settings.flow.enabled else None

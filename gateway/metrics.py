@@ -110,6 +110,50 @@ class _UpstreamConnCollector(Collector):
         return iter(())
 
 
+# (pool, hits, misses, fallbacks by reason, keys moved, learned entries, panics) per model pool,
+# from the routing policies' plain counters at scrape time.
+RoutingView = Callable[[], Iterable[tuple[str, int, int, dict[str, int], int, int, int]]]
+
+
+class _RoutingCollector(Collector):
+    """Affinity routing and panic counters, read from the router when Prometheus scrapes."""
+
+    def __init__(self) -> None:
+        self.view: RoutingView | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        hits = CounterMetricFamily("llmserve_affinity_hits", "Requests sent to the replica that "
+                                   "served their longest known prefix or session key",
+                                   labels=["pool"])
+        misses = CounterMetricFamily("llmserve_affinity_misses", "Affinity-routed requests with "
+                                     "no usable learned prefix", labels=["pool"])
+        fallbacks = CounterMetricFamily(
+            "llmserve_affinity_fallbacks", "Requests routed least-outstanding instead of to their "
+            "preferred replica (overloaded: over the load bound; unavailable: down, ejected or "
+            "tried; miss_overloaded: a new prefix's home above the mean)",
+            labels=["pool", "reason"])
+        moved = CounterMetricFamily("llmserve_affinity_keys_moved", "Learned prefixes re-homed "
+                                    "to another replica (left, restarted, ejected, overloaded)",
+                                    labels=["pool"])
+        entries = GaugeMetricFamily("llmserve_affinity_entries", "Prefixes the policy remembers "
+                                    "(capped by GATEWAY_AFFINITY__MAX_ENTRIES)", labels=["pool"])
+        panics = CounterMetricFamily("llmserve_routing_panics", "Requests routed to ejected "
+                                     "backends because no backend of the pool was available",
+                                     labels=["pool"])
+        for pool, h, m, fb, mv, n, p in (self.view() if self.view is not None else ()):
+            hits.add_metric([pool], h)
+            misses.add_metric([pool], m)
+            for reason, count in fb.items():
+                fallbacks.add_metric([pool, reason], count)
+            moved.add_metric([pool], mv)
+            entries.add_metric([pool], n)
+            panics.add_metric([pool], p)
+        yield from (hits, misses, fallbacks, moved, entries, panics)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
 _E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -232,6 +276,8 @@ class GatewayMetrics:
         r.register(self.backends)
         self.upstream_connections = _UpstreamConnCollector()
         r.register(self.upstream_connections)
+        self.routing = _RoutingCollector()
+        r.register(self.routing)
 
         # -- the HTTP edge (gateway/edge.py) -----------------------------------------------------
         self.edge_events = Counter(

@@ -177,6 +177,27 @@ class PoolLayout(BaseModel):
     nodes: int = Field(1, ge=1, description="nodes (pods) per replica")
 
 
+class AffinitySettings(BaseModel):
+    """The prefix_affinity routing policy (gateway/routing/affinity.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    balance: float = Field(
+        0.25, gt=0, le=10,
+        description="bounded load: a cache hit may take its replica to (1 + balance) x mean load",
+    )
+    chunk_bytes: int = Field(
+        512, ge=16, le=65536, description="prompt prefix hashed in chunks of this many bytes"
+    )
+    max_chunks: int = Field(64, ge=1, le=4096, description="chunks hashed per prompt at most")
+    max_entries: int = Field(
+        100_000, ge=1, description="learned prefixes kept (LRU); caps the policy's memory"
+    )
+    session_header: str = Field(
+        "x-session-id", min_length=1, description="request header carrying an explicit session key"
+    )
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GATEWAY_",
@@ -206,12 +227,22 @@ class GatewaySettings(BaseSettings):
     transport: Literal["h1", "aiohttp"] = Field(
         "h1", description="upstream HTTP client: h1 (httptools, fastest) or aiohttp"
     )
-    routing_policy: str = Field("least_outstanding", description="replica selection policy")
+    routing_policy: str = Field(
+        "least_outstanding",
+        description="replica selection: least_outstanding, prefix_affinity or round_robin",
+    )
+    routing_policies: dict[str, str] = Field(
+        default_factory=dict, description="per model pool: model name -> policy (else the default)"
+    )
+    affinity: AffinitySettings = Field(default_factory=lambda: AffinitySettings())
     health_interval_s: float = Field(2.0, gt=0, description="active /health probe period")
     eject_after_failures: int = Field(
         3, ge=1, description="consecutive request failures before a backend is ejected"
     )
     eject_for_s: float = Field(10.0, gt=0, description="how long an ejected backend sits out")
+    max_ejection_percent: int = Field(
+        50, ge=0, le=100, description="most of a pool passively ejected at once (at least one)"
+    )
     retries: int = Field(
         1, ge=0, le=5, description="extra attempts on other replicas, only before the first byte"
     )

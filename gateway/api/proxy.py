@@ -38,6 +38,7 @@ from gateway.flow.batcher import Batcher, UpstreamCall, batch_key
 from gateway.flow.tenants import Tenant
 from gateway.metrics import GatewayMetrics
 from gateway.routing.backend import Backend
+from gateway.routing.policy import RouteRequest
 from gateway.routing.router import Router
 from gateway.settings import GatewaySettings
 from gateway.transport.base import Transport, UpstreamResponse
@@ -84,6 +85,7 @@ class ProxyEndpoint:
         self._d = deps
         self._path = path
         self._kind = kind
+        self._session_header = deps.settings.affinity.session_header.lower().encode("latin-1")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
@@ -175,10 +177,12 @@ class ProxyEndpoint:
                 await self._batched(d.batcher, req, key, send, ex, tenant)
                 return
 
+        route = (_route_request(req, scope, self._session_header)
+                 if d.router.wants_affinity(model) else None)
         tried: list[Backend] = []
         last_error: GatewayError | None = None
         for _ in range(d.settings.retries + 1):
-            backend = _next_replica(d, model, tried)
+            backend = _next_replica(d, model, tried, route)
             if backend is None:
                 break
             try:
@@ -412,13 +416,32 @@ def _count_usage(
         tenant.used(*counts)
 
 
-def _next_replica(d: ProxyDeps, model: str, tried: list[Backend]) -> Backend | None:
+def _route_request(req: ParsedRequest, scope: Scope, session_header: bytes) -> RouteRequest:
+    """What an affinity policy routes by: an explicit session key (header, else the OpenAI `user`
+    field) and the prompt's bytes from its start, in a form where turn N+1 extends turn N."""
+    for name, value in scope["headers"]:
+        if name == session_header:
+            return RouteRequest(req.model, value.decode("latin-1"))
+    user = req.body.get("user")
+    if isinstance(user, str) and user:
+        return RouteRequest(req.model, user)
+    if req.kind == "chat":
+        prefix = orjson.dumps(req.body["messages"])
+    else:
+        prompt = req.body["prompt"]
+        prefix = prompt.encode() if isinstance(prompt, str) else orjson.dumps(prompt)
+    return RouteRequest(req.model, None, prefix)
+
+
+def _next_replica(
+    d: ProxyDeps, model: str, tried: list[Backend], route: RouteRequest | None = None
+) -> Backend | None:
     """The next replica for `model` that is not in `tried`, acquired (the caller releases it);
     every pick after the first is a retry, taken from the retry budget (None when spent)."""
     budget = d.router.retry_budget
     if not tried:
         budget.request()
-    backend = d.router.pick(model, tried)
+    backend = d.router.pick(model, tried, route)
     if backend is not None:
         if tried:
             if not budget.try_retry():

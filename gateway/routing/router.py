@@ -13,6 +13,15 @@ three in a row; it is ejected when the moving average of its failures reaches
 Left in, it would draw ever more traffic: its failures answer fast, so it has the fewest requests
 in flight. Retries to other replicas are bounded by a retry budget (routing/retry_budget.py).
 
+Limits (Envoy's outlier detection): at most `max_ejection_percent` of a pool is ejected at once
+(at least one backend), and when no backend of a pool is available but some are only ejected,
+the pool routes to those anyway (panic mode): failures may come from overload or bad requests,
+and a guess beats a certain 503. Backends whose probe fails stay out even then.
+
+Policies: one per model pool (`policy_for`), else the shared `policy`. A failed probe gives the
+backend a new `CacheLife`: an engine that went away lost its KV cache, and affinity policies
+stop believing what they learned about it.
+
 Decision: a passing probe does NOT cut an ejection short. The failures were real requests failing
 while /health still answered 200 (a wedged engine, a broken pipe, an overloaded replica), so a
 green /health is no evidence against them. When the ejection ends the backend is readmitted only
@@ -25,9 +34,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
-from gateway.routing.backend import Backend
+from gateway.routing.affinity import PrefixAffinity
+from gateway.routing.backend import Backend, CacheLife
 from gateway.routing.discovery.base import Discovery
 from gateway.routing.policy import RouteRequest, RoutingPolicy
 from gateway.routing.probe import Prober
@@ -51,12 +61,15 @@ class Router:
         eject_for_s: float,
         eject_failure_rate: float = 1.0,
         retry_budget: RetryBudget | None = None,
+        max_ejection_percent: int = 50,
+        policy_for: Callable[[str], RoutingPolicy] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if health_interval_s <= 0 or eject_after_failures < 1 or eject_for_s < 0:
+        if (health_interval_s <= 0 or eject_after_failures < 1 or eject_for_s < 0
+                or not 0 <= max_ejection_percent <= 100):
             raise ValueError(
                 "Router: health_interval_s must be > 0, eject_after_failures >= 1, "
-                "eject_for_s >= 0"
+                "eject_for_s >= 0, 0 <= max_ejection_percent <= 100"
             )
         self._discovery = discovery
         self._prober = prober
@@ -65,13 +78,18 @@ class Router:
         self._eject_after = eject_after_failures
         self._eject_for = eject_for_s
         self._eject_rate = eject_failure_rate
+        self._max_eject = max_ejection_percent
+        self._policy_for = policy_for
+        self._policies: dict[str, RoutingPolicy] = {}
         self._clock = clock
         self.retry_budget = retry_budget or RetryBudget(clock=clock)
         self._backends: dict[str, Backend] = {}
-        # model -> (backends that serve it, the RouteRequest for it); rebuilt off the hot path,
-        # read per request. Tuples: `pick` may hand a pool to the policy as is. The request is
-        # cached because building a frozen dataclass costs about 1 us, half of a whole pick.
-        self._pools: dict[str, tuple[tuple[Backend, ...], RouteRequest]] = {}
+        # model -> (backends that serve it, the RouteRequest for it, its policy); rebuilt off the
+        # hot path, read per request. Tuples: `pick` may hand a pool to the policy as is. The
+        # request is cached because building a frozen dataclass costs about 1 us, half of a whole
+        # pick (affinity policies get one per request from the caller instead).
+        self._pools: dict[str, tuple[tuple[Backend, ...], RouteRequest, RoutingPolicy]] = {}
+        self.panics: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
 
@@ -108,20 +126,32 @@ class Router:
 
     # -- per request (hot path: no awaits, no logging, at most one small list) -------------------
 
-    def pick(self, model: str, exclude: Collection[Backend] = ()) -> Backend | None:
+    def wants_affinity(self, model: str) -> bool:
+        """True if `model`'s policy routes by key or prefix: pass a RouteRequest to `pick`."""
+        entry = self._pools.get(model)
+        return entry is not None and entry[2].uses_affinity
+
+    def pick(
+        self, model: str, exclude: Collection[Backend] = (), request: RouteRequest | None = None
+    ) -> Backend | None:
         entry = self._pools.get(model)
         if entry is None:
             return None
-        pool, request = entry
+        pool, cached, policy = entry
         now = self._clock()
         # Common case, everything up and nothing excluded: hand over the pool without copying.
         for b in pool:
             if not b.available(now) or (exclude and b in exclude):
                 break
         else:
-            return self._policy.pick(pool, request)
+            return policy.pick(pool, request or cached)
         candidates = [b for b in pool if b.available(now) and b not in exclude]
-        return self._policy.pick(candidates, request)
+        if not candidates and not any(b.available(now) for b in pool):
+            # Panic: every backend is out; route to the ones only passive ejection holds back.
+            candidates = [b for b in pool if b.probe_ok and b not in exclude]
+            if candidates:
+                self.panics[model] = self.panics.get(model, 0) + 1
+        return policy.pick(candidates, request or cached)
 
     def report_success(self, b: Backend) -> None:
         b.failures = 0
@@ -138,10 +168,16 @@ class Router:
             why = f"a failure rate of {b.failure_rate:.0%}"
         else:
             return
-        b.ejected_until = self._clock() + self._eject_for
-        # Readmitted with a clean slate: it has to fail again to be ejected again.
+        # Readmitted (or spared) with a clean slate: it has to fail again to be ejected again.
         b.failures = 0
         b.failure_rate = 0.0
+        now = self._clock()
+        full = self._ejection_cap_reached(b, now)
+        if full is not None:
+            log.warning("not ejecting %s: %d%% of pool %r is ejected already", b.url,
+                        self._max_eject, full)
+            return
+        b.ejected_until = now + self._eject_for
         log.warning("ejected %s for %ss after %s", b.url, self._eject_for, why)
 
     def _others_available(self, b: Backend) -> bool:
@@ -150,13 +186,28 @@ class Router:
         return any(o is not b and o.available(now) and o.models & b.models
                    for o in self._backends.values())
 
+    def _ejection_cap_reached(self, b: Backend, now: float) -> str | None:
+        """The first pool of `b` whose ejection share is used up, or None."""
+        for m in sorted(b.models):
+            entry = self._pools.get(m)
+            if entry is None:
+                continue
+            pool = entry[0]
+            allowed = len(pool) * self._max_eject // 100
+            if self._max_eject > 0:
+                allowed = max(allowed, 1)
+            ejected = sum(1 for x in pool if x is not b and now < x.ejected_until)
+            if ejected + 1 > allowed:
+                return m
+        return None
+
     # -- views -----------------------------------------------------------------------------------
 
     def models(self) -> list[str]:
         """Models served by at least one available backend, sorted."""
         now = self._clock()
         return sorted(
-            m for m, (pool, _) in self._pools.items() if any(b.available(now) for b in pool)
+            m for m, (pool, _, _) in self._pools.items() if any(b.available(now) for b in pool)
         )
 
     def knows_model(self, model: str) -> bool:
@@ -183,6 +234,22 @@ class Router:
         now = self._clock()
         return [(b.url, b.available(now), b.outstanding) for b in self._backends.values()]
 
+    def routing_stats(self) -> Iterator[tuple[str, int, int, dict[str, int], int, int, int]]:
+        """(pool, hits, misses, fallbacks, keys moved, entries, panics) for the metrics: pools
+        with an affinity policy or a panic so far."""
+        if self._policy_for is None:
+            policies: dict[str, RoutingPolicy] = {m: e[2] for m, e in self._pools.items()}
+        else:
+            policies = self._policies
+        for m in sorted(set(policies) | set(self.panics)):
+            p = policies.get(m)
+            panics = self.panics.get(m, 0)
+            if isinstance(p, PrefixAffinity):
+                st = p.stats
+                yield m, st.hits, st.misses, dict(st.fallbacks), st.keys_moved, p.entries, panics
+            elif panics:
+                yield m, 0, 0, {}, 0, 0, panics
+
     # -- background ------------------------------------------------------------------------------
 
     def _rebuild_pools(self) -> None:
@@ -190,8 +257,17 @@ class Router:
         for b in self._backends.values():
             for m in b.models:
                 pools.setdefault(m, []).append(b)
-        self._pools = {m: (tuple(bs), RouteRequest(m)) for m, bs in pools.items()}
+        self._pools = {m: (tuple(bs), RouteRequest(m), self._policy_of(m))
+                       for m, bs in pools.items()}
         self._changed.set()
+
+    def _policy_of(self, model: str) -> RoutingPolicy:
+        if self._policy_for is None:
+            return self._policy
+        policy = self._policies.get(model)
+        if policy is None:
+            policy = self._policies[model] = self._policy_for(model)
+        return policy
 
     async def set_backends(self, urls: frozenset[str]) -> None:
         """Apply a discovery update: new backends are probed at once, vanished ones dropped.
@@ -233,6 +309,9 @@ class Router:
             ok, models = False, None
         was = b.probe_ok
         b.probe_ok = ok and models is not None
+        if was and not b.probe_ok:
+            # Down: the engine may be restarting, and a restarted engine has an empty cache.
+            b.cache_life = CacheLife(b)
         if models is not None and frozenset(models) != b.models:
             b.models = frozenset(models)
             # At once, before any other task runs: a backend must never be available (ready)

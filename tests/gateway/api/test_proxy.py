@@ -283,3 +283,33 @@ def test_itl_and_tpot_follow_vllm_bench_serve(
         else:
             # Events that arrive together: every gap is (about) zero.
             assert itl < 0.05
+
+
+def test_prefix_affinity_keeps_a_conversation_and_a_session_key_on_one_replica(
+    upstreams: UpstreamFactory,
+) -> None:
+    ups = [upstreams(), upstreams()]
+    with run_gateway(backends=[url_of(u) for u in ups],
+                     routing_policy="prefix_affinity") as gw:
+        for conv in range(6):
+            messages = [{"role": "system", "content": f"conversation {conv} " * 100}]
+            before = [u.completions for u in ups]
+            for turn in range(3):
+                messages.append({"role": "user", "content": f"turn {turn}"})
+                r = httpx.post(gw.url + "/v1/chat/completions",
+                               json={**CHAT, "messages": messages})
+                assert r.status_code == 200
+                messages.append({"role": "assistant", "content": "fine " * 30})
+            served = [u.completions - b for u, b in zip(ups, before, strict=True)]
+            assert sorted(served) == [0, 3], served  # all three turns on one replica
+        for key in ("alice", "bob", "carol"):  # explicit keys: the header, then `user`
+            before = [u.completions for u in ups]
+            for i in range(3):
+                r = httpx.post(gw.url + "/v1/chat/completions", headers={"x-session-id": key},
+                               json={**CHAT, "messages": [{"role": "user", "content": str(i)}]})
+                r2 = httpx.post(gw.url + "/v1/completions",
+                                json={"model": "demo", "prompt": "x" * i, "user": key + "!"})
+                assert r.status_code == r2.status_code == 200
+            served = [u.completions - b for u, b in zip(ups, before, strict=True)]
+            assert sorted(served) in ([0, 6], [3, 3]), served
+        assert gw.metric("llmserve_affinity_hits_total") >= 6 * 2 + 3 * 2 * 2
