@@ -60,7 +60,7 @@ system-deps:
 	fi
 
 lint: install
-	$(BIN)/ruff check gateway worker model_store devstack tests bench
+	$(BIN)/ruff check gateway worker model_store devstack tests bench loadtest
 typecheck: install
 	$(BIN)/mypy --strict gateway
 
