@@ -150,6 +150,38 @@ def _compare(gateway: str, out: Path, targets: list[str], users: str, duration: 
     return subprocess.run(argv, check=False).returncode
 
 
+def append_setup(out: Path, setup: dict[str, object]) -> None:
+    """The machine's side of the story, appended to the TP-vs-PP report: how the pools shared
+    the cores, what an idle pool cost meanwhile, and the A/A run's ratios."""
+    cost = setup["cpu_cores"]
+    assert isinstance(cost, dict)
+    lines = ["", "## This machine: how the two pools shared it", "",
+             ("Both pools ran at the same time on the same 2 cores (TP=2: ranks on cores 0 and 1; "
+             "PP=2: leader on core 0, follower on core 1), and the load alternated between them. "
+             "CPU used by each pool's processes (cores, from /proc), sampled for "
+             "a few seconds each:"), "",
+             "| state | TP pool | PP pool |", "|---|---:|---:|",
+             f"| both idle | {cost['tp_idle_cores']} | {cost['pp_idle_cores']} |",
+             (f"| TP pool serving 4 streams | {cost['tp_busy_cores']} | "
+             f"{cost['pp_idle_cores_while_tp_serves']} |"),
+             (f"| PP pool serving 4 streams | {cost['tp_idle_cores_while_pp_serves']} | "
+             f"{cost['pp_busy_cores']} |"), ""]
+    aa_path = out / "a-a" / "summary.json"
+    if aa_path.exists():
+        aa = json.loads(aa_path.read_text())
+        runs = aa["runs"]
+        a, b = runs[0], runs[1]
+        ratio = b["output_tok_s"] / a["output_tok_s"] if a["output_tok_s"] else float("nan")
+        lines += [(f"A/A run (the TP pool as both targets, users={a['users']:g}, "
+                  f"{aa['rounds']} rounds each, [report](../a-a/report.md)): output tok/s "
+                  f"{a['output_tok_s']:.1f} and {b['output_tok_s']:.1f}, ratio {ratio:.3f}; "
+                  f"TTFT p50 {a['ttft_ms']['p50']:.0f} and {b['ttft_ms']['p50']:.0f} ms."), ""]
+    report = out / "tp-vs-pp" / "report.md"
+    if report.exists():
+        with open(report, "a") as fh:
+            fh.write("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m devstack.compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -197,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         setup = {"pools_started_s": round(started_s), "cpu_cores": cost,
                  "shared_cores": True, "total_s": round(time.monotonic() - t_start)}
         (args.out / "setup.json").write_text(json.dumps(setup, indent=1) + "\n")
+        append_setup(args.out, setup)
         print(f"setup: {setup}\nreports: {args.out}/tp-vs-pp/report.md, "
               f"{args.out}/a-a/report.md", flush=True)
         return rc or rc_aa
