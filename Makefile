@@ -63,8 +63,9 @@ system-deps:
 # one gateway, then `python -m loadtest compare` and an A/A run; reports under run/compare/.
 # About 15 minutes; on a shared machine run it under the engine lock.
 .PHONY: compare
+PERF_MODEL_DIR ?= models/perf-llama-tp2
 compare: install model
-	$(BIN)/python -m devstack.compare --demo-dir $(MODEL_DIR) --out run/compare
+	$(BIN)/python -m devstack.compare --demo-dir $(MODEL_DIR) --perf-dir $(PERF_MODEL_DIR) --out run/compare
 
 lint: install
 	$(BIN)/ruff check gateway worker model_store devstack tests bench loadtest
