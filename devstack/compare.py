@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the performance-only checkpoint is built")
     p.add_argument("--out", type=Path, default=Path("run/compare"), help="reports and logs")
     p.add_argument("--users", default="1,4,8", help="closed-loop levels")
-    p.add_argument("--duration", default="25s", help="one run's length")
+    p.add_argument("--duration", default="20s", help="one run's length")
     p.add_argument("--rounds", type=int, default=2, help="A B runs per level")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
     p.add_argument("--idle-window-s", type=float, default=10.0, help="CPU sampling window")
