@@ -59,8 +59,16 @@ system-deps:
 	  echo "make: missing$$missing; install them first: sudo apt-get install $(SYSTEM_PACKAGES)"; exit 2; \
 	fi
 
+# TP=2 against PP=2 (leader + headless follower on loopback) of a performance-only model behind
+# one gateway, then `python -m loadtest compare` and an A/A run; reports under run/compare/.
+# About 15 minutes; on a shared machine run it under the engine lock.
+.PHONY: compare
+PERF_MODEL_DIR ?= models/perf-llama-tp2
+compare: install model
+	$(BIN)/python -m devstack.compare --demo-dir $(MODEL_DIR) --perf-dir $(PERF_MODEL_DIR) --out run/compare
+
 lint: install
-	$(BIN)/ruff check gateway worker model_store devstack tests bench
+	$(BIN)/ruff check gateway worker model_store devstack tests bench loadtest
 typecheck: install
 	$(BIN)/mypy --strict gateway
 

@@ -135,7 +135,8 @@ def build_app(
             queued=admission.queued if admission is not None else lambda _: 0,
         )
     app.include_router(
-        build_routes(router, state.metrics, lambda: state.draining, settings.health_interval_s)
+        build_routes(router, state.metrics, lambda: state.draining, settings.health_interval_s,
+                     settings.model_layouts)
     )
     lane = FastLane(app, {
         "/v1/chat/completions": ProxyEndpoint(deps, "/v1/chat/completions", "chat"),

@@ -198,6 +198,20 @@ class AffinitySettings(BaseModel):
     )
 
 
+class ModelLayout(BaseModel):
+    """How one served model's replicas are laid out, as deployed (the chart fills it in).
+
+    The gateway cannot see it (vLLM's API does not say), yet a benchmark report must: /v1/models
+    shows it beside the live replica count (`python -m loadtest compare` reads it there).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(1, ge=1, description="tensor-parallel ranks per replica")
+    pp: int = Field(1, ge=1, description="pipeline-parallel ranks per replica")
+    nodes: int = Field(1, ge=1, description="nodes (pods) per replica")
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GATEWAY_",
@@ -262,6 +276,10 @@ class GatewaySettings(BaseSettings):
     flow: FlowSettings = Field(default_factory=lambda: FlowSettings())
     batch: BatchSettings = Field(default_factory=lambda: BatchSettings())
     edge: EdgeSettings = Field(default_factory=lambda: EdgeSettings())
+    model_layouts: dict[str, ModelLayout] = Field(
+        default_factory=dict,
+        description='served model -> {"tp", "pp", "nodes"}, shown in /v1/models; read-only info',
+    )
     api_keys_file: Path | None = Field(
         None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off"
     )
