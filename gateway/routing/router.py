@@ -214,7 +214,7 @@ class Router:
         """Available backends per model (a multi-node replica counts once: only its leader is a
         backend)."""
         now = self._clock()
-        return {m: sum(1 for b in pool if b.available(now)) for m, (pool, _) in self._pools.items()}
+        return {m: sum(1 for b in pool if b.available(now)) for m, (pool, _, _) in self._pools.items()}
 
     def knows_model(self, model: str) -> bool:
         """Served by some known backend, up or down: tells 503 (down) from 404 (no such model).
