@@ -146,7 +146,10 @@ async def test_a_replica_failing_every_other_request_is_ejected_but_never_the_la
     for i in range(40):
         router.report_success(b) if i % 2 else router.report_failure(b)
     assert b.available(clock.now)
-    router.report_failure(b), router.report_failure(b)  # two in a row still eject, as before
+    router.report_failure(b), router.report_failure(b)  # two in a row: spared by the cap
+    assert b.available(clock.now)  # a is ejected, and at most 50% of the pool may be
+    router._max_eject = 100
+    router.report_failure(b), router.report_failure(b)  # without the cap: ejected, as before
     assert not b.available(clock.now)
 
 
