@@ -210,10 +210,10 @@ def main(argv: list[str] | None = None) -> int:
             wait_http_ok(url + "/health", 900, procs)
         started_s = time.monotonic() - t_start
         gw_port = free_port()
-        layouts = {TP_NAME: {"tp": 2, "pp": 1, "nodes": 1},
-                   PP_NAME: {"tp": 1, "pp": 2, "nodes": 2}}
+        layouts = [{"name": "tp", "model": TP_NAME, "tp": 2, "pp": 1, "nodes": 1},
+                   {"name": "pp", "model": PP_NAME, "tp": 1, "pp": 2, "nodes": 2}]
         gw_argv = [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(gw_port),
-                   *CPU_FLOW_ARGS, "--model-layouts", json.dumps(layouts),
+                   *CPU_FLOW_ARGS, "--pools", json.dumps(layouts),
                    "--backend", urls["tp"], "--backend", urls["pp"]]
         gateway = Proc("gateway", gw_argv, dict(os.environ), logs / "gateway.log")
         gw_url = f"http://127.0.0.1:{gw_port}"

@@ -23,7 +23,7 @@ from gateway.flow.pressure import PressureWatch
 from gateway.metrics import GatewayMetrics
 from gateway.routing.factory import build_router
 from gateway.routing.router import Router
-from gateway.settings import GatewaySettings
+from gateway.settings import GatewaySettings, layouts_by_model
 from gateway.transport.aiohttp_transport import AiohttpTransport
 from gateway.transport.base import Transport
 from gateway.transport.h1 import H1Transport
@@ -136,7 +136,7 @@ def build_app(
         )
     app.include_router(
         build_routes(router, state.metrics, lambda: state.draining, settings.health_interval_s,
-                     settings.model_layouts)
+                     layouts_by_model(settings.pools))
     )
     lane = FastLane(app, {
         "/v1/chat/completions": ProxyEndpoint(deps, "/v1/chat/completions", "chat"),

@@ -165,8 +165,9 @@ class EdgeSettings(BaseModel):
 
 
 class PoolLayout(BaseModel):
-    """One worker pool as the chart deploys it: exported as `llmserve_pool_info` only, so the
-    dashboards can put a pool's layout beside its figures (the gateway routes by model)."""
+    """One worker pool as the chart deploys it. The gateway routes by model and cannot see a
+    layout (vLLM's API does not say), yet dashboards (`llmserve_pool_info`) and benchmark reports
+    (`/v1/models`, read by `python -m loadtest compare`) must."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -198,18 +199,14 @@ class AffinitySettings(BaseModel):
     )
 
 
-class ModelLayout(BaseModel):
-    """How one served model's replicas are laid out, as deployed (the chart fills it in).
-
-    The gateway cannot see it (vLLM's API does not say), yet a benchmark report must: /v1/models
-    shows it beside the live replica count (`python -m loadtest compare` reads it there).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tp: int = Field(1, ge=1, description="tensor-parallel ranks per replica")
-    pp: int = Field(1, ge=1, description="pipeline-parallel ranks per replica")
-    nodes: int = Field(1, ge=1, description="nodes (pods) per replica")
+def layouts_by_model(pools: list[PoolLayout]) -> dict[str, PoolLayout]:
+    """Each served model's layout; a model served by pools of different layouts has none."""
+    seen: dict[str, PoolLayout | None] = {}
+    for p in pools:
+        other = seen.get(p.model, p)
+        same = other is not None and (other.tp, other.pp, other.nodes) == (p.tp, p.pp, p.nodes)
+        seen[p.model] = p if same else None
+    return {m: p for m, p in seen.items() if p is not None}
 
 
 class GatewaySettings(BaseSettings):
@@ -276,10 +273,6 @@ class GatewaySettings(BaseSettings):
     flow: FlowSettings = Field(default_factory=lambda: FlowSettings())
     batch: BatchSettings = Field(default_factory=lambda: BatchSettings())
     edge: EdgeSettings = Field(default_factory=lambda: EdgeSettings())
-    model_layouts: dict[str, ModelLayout] = Field(
-        default_factory=dict,
-        description='served model -> {"tp", "pp", "nodes"}, shown in /v1/models; read-only info',
-    )
     api_keys_file: Path | None = Field(
         None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off"
     )
@@ -291,8 +284,8 @@ class GatewaySettings(BaseSettings):
     )
     pools: list[PoolLayout] = Field(
         default_factory=list,
-        description='worker pool layouts for llmserve_pool_info, JSON: [{"name": "tp", "model": '
-        '"m", "tp": 2, "pp": 1, "nodes": 1}]',
+        description='worker pool layouts, read-only info for llmserve_pool_info and /v1/models, '
+        'JSON: [{"name": "tp", "model": "m", "tp": 2, "pp": 1, "nodes": 1}]',
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

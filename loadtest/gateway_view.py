@@ -47,7 +47,7 @@ def layout_of(host: str, model: str, api_key: str = "") -> Layout:
     replicas = info.get("replicas")
     if "tp" in info:
         return Layout(info["tp"], info["pp"], info["nodes"], replicas,
-                      "gateway /v1/models (GATEWAY_MODEL_LAYOUTS)")
+                      "gateway /v1/models (GATEWAY_POOLS)")
     return Layout(None, None, None, replicas,
                   "gateway /v1/models: replicas only (no layout declared for this model)")
 

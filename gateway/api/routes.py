@@ -12,12 +12,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gateway.errors import Unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.routing.router import Router
-from gateway.settings import ModelLayout
+from gateway.settings import PoolLayout
 
 
 def build_routes(
     router: Router, metrics: GatewayMetrics, draining: Callable[[], bool], retry_after_s: float,
-    layouts: dict[str, ModelLayout] | None = None,
+    layouts: dict[str, PoolLayout] | None = None,
 ) -> APIRouter:
     api = APIRouter()
     created = int(time.time())
@@ -32,7 +32,7 @@ def build_routes(
         for m in router.models():
             info: dict[str, int] = {"replicas": replicas.get(m, 0)}
             if layouts and m in layouts:
-                info.update(layouts[m].model_dump())
+                info.update(layouts[m].model_dump(include={"tp", "pp", "nodes"}))
             data.append({"id": m, "object": "model", "created": created, "owned_by": "llmserve",
                          "llmserve": info})
         return JSONResponse({"object": "list", "data": data})

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.settings import GatewaySettings
+from gateway.settings import GatewaySettings, PoolLayout, layouts_by_model
 from tests.deploy.manifests import env_of, render
 
 pytestmark = pytest.mark.helm
@@ -46,13 +46,12 @@ def test_pp_ranks_on_distinct_nodes_and_tp_group_in_one_pod(render_case: Any) ->
 def test_gateway_is_told_each_layout(render_case: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     rel = render_case("preset:values-tp-vs-pp.yaml")
     (gw,) = [p for p in rel.pods() if p.role == "gateway"]
-    raw = env_of(gw.container("gateway"))["GATEWAY_MODEL_LAYOUTS"]
-    assert json.loads(raw) == {"llama-70b-tp": {"tp": 8, "pp": 1, "nodes": 1},
-                               "llama-70b-pp": {"tp": 4, "pp": 2, "nodes": 2}}
+    raw = env_of(gw.container("gateway"))["GATEWAY_POOLS"]
     # And the gateway accepts it as rendered, from its env.
-    monkeypatch.setenv("GATEWAY_MODEL_LAYOUTS", raw)
-    settings = GatewaySettings()
-    assert settings.model_layouts["llama-70b-pp"].nodes == 2
+    monkeypatch.setenv("GATEWAY_POOLS", raw)
+    layouts = {m: (p.tp, p.pp, p.nodes)
+               for m, p in layouts_by_model(GatewaySettings().pools).items()}
+    assert layouts == {"llama-70b-tp": (8, 1, 1), "llama-70b-pp": (4, 2, 2)}
 
 
 def test_a_name_served_by_pools_of_different_layouts_gets_none() -> None:
@@ -61,5 +60,6 @@ def test_a_name_served_by_pools_of_different_layouts_gets_none() -> None:
     b = {"name": "b", "model": "m", "source": s3, "tensorParallelSize": 4}
     c = {"name": "c", "model": "n", "source": s3, "tensorParallelSize": 2, "replicas": 2}
     (gw,) = [p for p in render({"models": [a, b, c]}).pods() if p.role == "gateway"]
-    assert json.loads(env_of(gw.container("gateway"))["GATEWAY_MODEL_LAYOUTS"]) == {
-        "n": {"tp": 2, "pp": 1, "nodes": 1}}
+    pools = [PoolLayout(**p) for p in json.loads(env_of(gw.container("gateway"))["GATEWAY_POOLS"])]
+    assert {m: (p.tp, p.pp, p.nodes) for m, p in layouts_by_model(pools).items()} == {
+        "n": (2, 1, 1)}

@@ -32,9 +32,10 @@ def test_compare_two_pools_writes_report_pngs_and_summary(upstreams: UpstreamFac
     # Pool "m-pp" answers each token twice as slowly as "m-tp": B/A output tok/s well below 1.
     tp = upstreams(model="m-tp", token_delay_s=0.005)
     pp = upstreams(model="m-pp", token_delay_s=0.010)
-    layouts = {"m-tp": {"tp": 2, "pp": 1, "nodes": 1}, "m-pp": {"tp": 1, "pp": 2, "nodes": 2}}
+    layouts = [{"name": "tp", "model": "m-tp", "tp": 2, "pp": 1, "nodes": 1},
+               {"name": "pp", "model": "m-pp", "tp": 1, "pp": 2, "nodes": 2}]
     out = tmp_path / "cmp"
-    with run_gateway(backends=[url_of(tp), url_of(pp)], model_layouts=layouts) as gw:
+    with run_gateway(backends=[url_of(tp), url_of(pp)], pools=layouts) as gw:
         proc = _compare("--host", gw.url, "--target", "tp=m-tp", "--target", "pp=m-pp",
                         "--users", "1,2", "--duration", "1s", "--rounds", "1",
                         "--warmup-requests", "1", "--max-tokens", "16", "--out", str(out))
@@ -48,7 +49,7 @@ def test_compare_two_pools_writes_report_pngs_and_summary(upstreams: UpstreamFac
     assert [t["label"] for t in summary["targets"]] == ["tp", "pp"]
     assert summary["targets"][1]["layout"] | {} == {
         "tp": 1, "pp": 2, "nodes": 2, "replicas": 1, "gpus": 2,
-        "source": "gateway /v1/models (GATEWAY_MODEL_LAYOUTS)"}
+        "source": "gateway /v1/models (GATEWAY_POOLS)"}
     runs = {(r["label"], r["users"]): r for r in summary["runs"]}
     assert set(runs) == {("tp", 1), ("tp", 2), ("pp", 1), ("pp", 2)}
     for r in runs.values():
