@@ -3,14 +3,16 @@
 uvicorn's httptools protocol has no cap on the request head (httptools joins a header value piece
 by piece, so one 128 MB value costs quadratic copying on the event loop), no deadline for a head
 or a body that never completes, and no cap on open connections (`limit_concurrency` is checked
-only once a head is complete, so idle connections never meet it and hold their fds). `EdgeProtocol`
-subclasses it and enforces, before the parser sees the bytes:
+only once a head is complete, so idle connections never meet it and hold their fds: measured with
+limit_concurrency=300, 1,000 idle connections were all still open after 6 s, and /health got
+uvicorn's text/plain 503 meanwhile, which fails a liveness probe). `EdgeProtocol` subclasses it and
+enforces, before the parser sees the bytes:
 
 - head size: bytes fed to the parser while a head is incomplete are counted, and the parser gets
   at most `max_head_bytes` of them (431);
 - header count: checked as each header is parsed (431);
-- head deadline: from the connection's (or request's) first byte to the end of its head (408, or
-  a plain close for a connection that never sent a byte);
+- head deadline: from the connection's opening (or the read that left a later head incomplete)
+  to the end of the head (408, or a plain close for a connection that never sent a byte);
 - body deadline: the longest gap between two body reads while the app waits for it (408);
 - a response finished while the request body is still arriving (a 413 for an oversized chunked
   body, a 401 before a big upload) closes the connection instead of reading the rest;
