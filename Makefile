@@ -53,14 +53,22 @@ system-deps:
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "make: installing Debian packages $(SYSTEM_PACKAGES) (missing:$$missing)"; \
-	  { apt-get update -q && apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES); } >/dev/null \
-	    || { echo "make: apt-get install $(SYSTEM_PACKAGES) failed"; exit 2; }; \
+	  { apt-get update -q -o DPkg::Lock::Timeout=300 && apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends $(SYSTEM_PACKAGES); } >.apt-install.log 2>&1 \
+	    || { tail -n 5 .apt-install.log; echo "make: apt-get install $(SYSTEM_PACKAGES) failed (log: .apt-install.log)"; exit 2; }; \
 	else \
 	  echo "make: missing$$missing; install them first: sudo apt-get install $(SYSTEM_PACKAGES)"; exit 2; \
 	fi
 
+# TP=2 against PP=2 (leader + headless follower on loopback) of a performance-only model behind
+# one gateway, then `python -m loadtest compare` and an A/A run; reports under run/compare/.
+# About 15 minutes; on a shared machine run it under the engine lock.
+.PHONY: compare
+PERF_MODEL_DIR ?= models/perf-llama-tp2
+compare: install model
+	$(BIN)/python -m devstack.compare --demo-dir $(MODEL_DIR) --perf-dir $(PERF_MODEL_DIR) --out run/compare
+
 lint: install
-	$(BIN)/ruff check gateway worker model_store devstack tests bench
+	$(BIN)/ruff check gateway worker model_store devstack tests bench loadtest
 typecheck: install
 	$(BIN)/mypy --strict gateway
 

@@ -65,8 +65,23 @@ class Behaviour(BaseSettings):
                                                    "the role event at once, as vLLM sends them")
     fail_status: int = Field(0, description="answer every completion with this HTTP status "
                                             "(400-599) and an OpenAI error body; 0: never")
+    max_answer_tokens: int = Field(0, ge=0, description="answers stop at this many tokens, "
+                                                       "whatever max_tokens asks (an engine at "
+                                                       "its context length); 0: no cap")
+    fail_ratio: float = Field(0.0, ge=0, le=1,
+                              description="answer this share of completions with fail_status "
+                                          "(evenly spread: 0.5 fails every other one); 0: all "
+                                          "of them, when fail_status is set")
+    fail_body: str = Field("", description="body of the fail_status answers (text/html when it "
+                                           "starts with '<'); empty: an OpenAI error object")
     drop_after: int = Field(-1, ge=-1, description="close the connection after this many SSE "
                                                    "events of a stream; -1: never")
+    end_delay_s: float = Field(0.0, ge=0, le=60,
+                               description="sleep between a stream's last event ([DONE]) and the "
+                                           "chunked-encoding terminator, sent as its own write")
+    usage_json: str = Field("", description="raw JSON sent as every answer's `usage` instead of "
+                                            "the real counts (a malformed upstream); empty: the "
+                                            "real counts")
     events_per_write: int = Field(1, ge=1, le=1024,
                                   description="SSE events per socket write (1: each its own write, "
                                               "like an engine)")
@@ -114,7 +129,9 @@ class _Answers:
         self._events: dict[tuple[str, bool, int, int], list[bytes]] = {}
         self._whole: dict[tuple[str, int, int], bytes] = {}
 
-    def _usage(self, n: int, prompts: int) -> dict[str, int]:
+    def _usage(self, n: int, prompts: int) -> Any:
+        if self.b.usage_json:
+            return orjson.loads(self.b.usage_json)
         p = _PROMPT_TOKENS * prompts
         return {"prompt_tokens": p, "completion_tokens": n * prompts, "total_tokens": p + n * prompts}
 
@@ -265,6 +282,7 @@ class _Protocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         self.u.connections.add(self)
+        self.u.opened += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -351,16 +369,21 @@ class _Protocol(asyncio.Protocol):
                 raise TypeError("the body must be a JSON object")
             u.last_request = body
             n = body.get("max_tokens") or body.get("max_completion_tokens") or b.tokens
+            if isinstance(n, float) and n.is_integer():  # 5.0 is 5 to vLLM too (pydantic, lax)
+                n = int(n)
             if not isinstance(n, int) or n < 0:
                 raise TypeError("max_tokens must be a non-negative integer")
+            if b.max_answer_tokens:
+                n = min(n, b.max_answer_tokens)
             prompt = body.get("prompt")
             prompts = len(prompt) if kind == "completion" and isinstance(prompt, list) and \
                 prompt and not isinstance(prompt[0], int) else 1
         except (ValueError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
             self._write(_plain(400, _error_body(str(exc), "invalid_request_error")))
             return
-        if b.fail_status:
-            self._write(_plain(b.fail_status, _error_body("scripted failure", "server_error")))
+        if b.fail_status and self._fails(u.completions):
+            body = b.fail_body.encode() or _error_body("scripted failure", "server_error")
+            self._write(_plain(b.fail_status, body))
             return
         if not body.get("stream"):
             if b.token_delay_s:
@@ -369,7 +392,7 @@ class _Protocol(asyncio.Protocol):
             return
         so = body.get("stream_options") or {}
         events = u.answers.events(kind, bool(so.get("include_usage")), n, prompts)
-        if b.token_delay_s or b.first_token_delay_s or b.drop_after >= 0:
+        if b.token_delay_s or b.first_token_delay_s or b.drop_after >= 0 or b.end_delay_s:
             await self._stream_slowly(events)
             return
         for data in u.answers.writes(events):
@@ -379,6 +402,11 @@ class _Protocol(asyncio.Protocol):
                 if self.transport is None:
                     u.aborted += 1
                     raise ConnectionError("client went away mid-stream")
+
+    def _fails(self, n: int) -> bool:
+        """Whether the n-th completion (1-based) fails: all, or an even `fail_ratio` of them."""
+        r = self.u.behaviour.fail_ratio
+        return r == 0 or int(n * r) > int((n - 1) * r)
 
     async def _stream_slowly(self, events: list[bytes]) -> None:
         b, u = self.u.behaviour, self.u
@@ -402,6 +430,8 @@ class _Protocol(asyncio.Protocol):
                 if self.transport is None:
                     u.aborted += 1
                     raise ConnectionError("client went away mid-stream")
+        if b.end_delay_s:
+            await asyncio.sleep(b.end_delay_s)
         self._write(_END)
 
 
@@ -417,6 +447,7 @@ class FakeUpstream:
         self.requests = 0  # every request, probes included
         self.completions = 0  # completion requests only
         self.aborted = 0  # streams whose client went away before the end
+        self.opened = 0  # connections accepted (keep-alive working: few per many requests)
         self.last_request: dict[str, Any] | None = None  # last completion body, parsed
         self.last_headers: dict[str, str] = {}  # last request's headers, names lower-case
         self.host = "127.0.0.1"

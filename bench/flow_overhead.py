@@ -119,6 +119,8 @@ def main() -> int:
                         "(redis://127.0.0.1:6379/0): one round trip per request")
     p.add_argument("--gateway-from", action="append", default=[], metavar="LABEL=DIR",
                    help="also measure this checkout's gateway (flow-off, flow-on)")
+    p.add_argument("--affinity", action="store_true",
+                   help="also measure flow-on with the prefix_affinity routing policy")
     args = p.parse_args()
     import uvloop
 
@@ -141,6 +143,8 @@ def main() -> int:
         "flow-on": f"--api-keys-file {keys} --flow.enabled --batch.enabled "
                    "--flow.max-limit 4096 --flow.initial-limit 1024",
     }
+    if args.affinity:
+        variants["flow-on+affinity"] = variants["flow-on"] + " --routing-policy prefix_affinity"
     if args.redis_url:
         variants["flow-on+redis"] = variants["flow-on"] + f" --flow.limits-redis-url {args.redis_url}"
     where: dict[str, str | None] = dict.fromkeys(variants)
@@ -204,9 +208,30 @@ def main() -> int:
             g = med[n]
             print(f"| {n} | {g['rps']:.0f} | {g['p50']:.3f} | {g['p50'] - d['p50']:+.3f} | "
                   f"{g['p99']:.3f} | {g['c50']:.3f} |")
+        # Keep-alive at work: connections opened to the upstream per 1,000 proxied requests
+        # (probes included; near zero when connections are reused, ~1,000 when each is aborted).
+        for n, url in targets[1:]:
+            opened, served = gateway_counts(url)
+            print(f"{n}: {opened:.0f} upstream connections opened for {served:.0f} requests = "
+                  f"{1000 * opened / max(served, 1):.2f} per 1,000")
     finally:
         stop_all(procs)
     return 0
+
+
+def gateway_counts(url: str) -> tuple[float, float]:
+    """(upstream connections opened, proxied requests) from a gateway's /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    opened = served = 0.0
+    for line in text.splitlines():
+        if line.startswith("llmserve_upstream_connections_opened_total "):
+            opened = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("llmserve_requests_total{"):
+            served += float(line.rsplit(" ", 1)[1])
+    return opened, served
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ Builds a multi-file model of random bytes (default 8 x 128 MB = 1 GiB), pushes i
 `model_store push` to moto's S3 server on loopback (a subprocess), then, in each round and in
 alternating order, pulls it with:
 
-* `pull`: model_store's pull with its default settings (64 MiB ranged GETs, 8 in flight, each file
+* `pull xN`: model_store's pull with its default settings (64 MiB ranged GETs, N in flight, each file
   checked against the manifest's SHA-256, staging + rename + marker);
 * `download_file loop`: `for key in keys: client.download_file(...)`, boto3's defaults (s3transfer
   splits files above 8 MiB into 8 MiB ranged GETs over 10 threads, one file at a time; no
@@ -15,6 +15,11 @@ alternating order, pulls it with:
   stream per file, one file at a time;
 * `single GET + fsync`: that loop, each file fsync'ed after its download (pull makes every file
   durable before it counts as verified and before the marker).
+* `s3transfer as pull`: the library doing pull's whole job: every file submitted at once to one
+  s3transfer `TransferManager` with pull's part size and parallelism, each file then hashed
+  (SHA-256) and fsync'ed.
+
+`--pull-concurrency 8,2` runs pull at each of those in-flight counts.
 
 MB/s = model bytes / wall time, medians over the rounds. Every run writes into a fresh directory
 that is deleted afterwards.
@@ -23,6 +28,7 @@ that is deleted afterwards.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import socket
@@ -37,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-from boto3.s3.transfer import TransferConfig
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 
 from model_store.pull import pull
@@ -98,6 +104,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--file-mb", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--pull-concurrency", default="8,2",
+                    help="pull's in-flight GETs to run, comma-separated (default: 8,2)")
     args = ap.parse_args()
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
                       AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
@@ -114,6 +122,12 @@ def main() -> None:
         keys = sorted(p.name for p in (work / "local").iterdir())
         single = TransferConfig(multipart_threshold=total + 1)
 
+        # The library doing pull's whole job: s3transfer's ranged GETs in pull's part size and
+        # parallelism, then each file hashed and made durable as pull does before its marker.
+        like_pull = TransferConfig(multipart_threshold=settings.part_size,
+                                   multipart_chunksize=settings.part_size,
+                                   max_concurrency=settings.concurrency)
+
         def loop(config: TransferConfig | None, sync: bool = False) -> Callable[[Path], None]:
             def run(dest: Path) -> None:
                 dest.mkdir()
@@ -126,11 +140,27 @@ def main() -> None:
                         os.close(fd)
             return run
 
-        runs: dict[str, Callable[[Path], Any]] = {
-            "pull": lambda dest: pull(settings, src, dest, lambda _: None),
+        def manager(dest: Path) -> None:
+            # All files submitted to one TransferManager at once, so that its threads work across
+            # files as pull's do; each file hashed and fsync'ed as its download completes.
+            dest.mkdir()
+            with create_transfer_manager(client, like_pull) as tm:
+                futures = [(k, tm.download(BUCKET, src.key(k), str(dest / k))) for k in keys]
+                for k, fut in futures:
+                    fut.result()
+                    with open(dest / k, "rb") as f:
+                        hashlib.file_digest(f, "sha256")
+                        os.fsync(f.fileno())
+
+        runs: dict[str, Callable[[Path], Any]] = {}
+        for n in (int(c) for c in args.pull_concurrency.split(",")):
+            s = settings.model_copy(update={"concurrency": n})
+            runs[f"pull x{n}"] = lambda dest, s=s: pull(s, src, dest, lambda _: None)
+        runs |= {
             "download_file loop": loop(None),
             "single GET loop": loop(single),
             "single GET + fsync": loop(single, sync=True),
+            "s3transfer as pull": manager,
         }
         times: dict[str, list[float]] = {name: [] for name in runs}
         order = list(runs)
@@ -144,8 +174,10 @@ def main() -> None:
           f"medians of {args.repeats}:")
     for name, t in med.items():
         print(f"  {name:<20} {total / t / 1e6:8.1f} MB/s  ({t:.2f} s)")
-    for name in ("download_file loop", "single GET loop", "single GET + fsync"):
-        print(f"  pull / {name}: x{med[name] / med['pull']:.2f}")
+    first = next(iter(med))
+    for name in ("download_file loop", "single GET loop", "single GET + fsync",
+                 "s3transfer as pull"):
+        print(f"  {first} / {name}: x{med[name] / med[first]:.2f}")
 
 if __name__ == "__main__":
     main()

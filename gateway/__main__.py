@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from gateway.cli import settings_from_args
+from gateway.flow.keys import KeyFileError
 from gateway.routing.discovery.base import DiscoveryError
 from gateway.server import run
 
@@ -13,8 +14,9 @@ def main(argv: list[str] | None = None) -> None:
     settings = settings_from_args(sys.argv[1:] if argv is None else argv)
     try:
         run(settings)
-    except DiscoveryError as exc:
-        # e.g. kubernetes discovery outside a cluster with no kube config: one line, no traceback.
+    except (DiscoveryError, KeyFileError) as exc:
+        # e.g. kubernetes discovery outside a cluster with no kube config, or a keys file that
+        # cannot be read or parsed: one line naming the setting, no traceback.
         print(f"python -m gateway: error: {exc}", file=sys.stderr)
         sys.exit(2)
 

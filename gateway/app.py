@@ -10,10 +10,12 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.auth import AuthMiddleware
+from gateway.api.inflight import InFlight
 from gateway.api.middleware import BodyLimitMiddleware, InFlightMiddleware, RequestIdMiddleware
+from gateway.api.openapi import openapi_schema
 from gateway.api.proxy import ProxyDeps, ProxyEndpoint, make_upstream_call
 from gateway.api.routes import build_routes
-from gateway.errors import install_handlers
+from gateway.errors import MethodNotAllowed, install_handlers, send_error
 from gateway.flow.admission import Admission
 from gateway.flow.batcher import Batcher
 from gateway.flow.keys import KeyStore, load_keys
@@ -42,10 +44,16 @@ class FastLane:
         self.endpoints = endpoints
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http":
             endpoint = self.endpoints.get(scope["path"])
             if endpoint is not None:
-                await endpoint(scope, receive, send)
+                if scope["method"] == "POST":
+                    await endpoint(scope, receive, send)
+                else:
+                    # Not a 404 from the framework, which has no route here: the path exists.
+                    await send_error(send, MethodNotAllowed(
+                        f"Method {scope['method']} is not allowed on {scope['path']}; use POST"
+                    ), [(b"allow", b"POST")])
                 return
         await self.app(scope, receive, send)
 
@@ -59,6 +67,8 @@ class GatewayState:
     admission: Admission | None = None
     keys: KeyStore | None = None
     draining: bool = field(default=False)
+    # The proxy's open requests: the drain ends them in-band when its timeout expires.
+    inflight: InFlight = field(default_factory=InFlight)
 
 
 def build_app(
@@ -76,6 +86,12 @@ def build_app(
     router = router or build_router(settings, prober)
     metrics = GatewayMetrics()
     metrics.backends.view = router.backend_states
+    if isinstance(transport, H1Transport):
+        metrics.upstream_connections.view = transport.connections_opened
+    for layout in settings.pools:
+        metrics.pool_info.labels(layout.name, layout.model, str(layout.tp), str(layout.pp),
+                                 str(layout.nodes)).set(1)
+    metrics.routing.view = router.routing_stats
     # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
     keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
     admission = Admission(settings.flow, metrics) if settings.flow.enabled else None
@@ -105,17 +121,22 @@ def build_app(
             await transport.close()
 
     app = FastAPI(title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # The written document (api/openapi.py): FastAPI cannot see the fast lane's endpoints.
+    document = openapi_schema(app.title, app.version)
+    app.openapi = lambda: document  # type: ignore[method-assign]
     app.state.gateway = state
     install_handlers(app)
 
-    deps = ProxyDeps(settings, router, transport, state.metrics, admission)
+    deps = ProxyDeps(settings, router, transport, state.metrics, admission,
+                     inflight=state.inflight)
     if settings.batch.enabled:
         deps.batcher = Batcher(
             settings.batch, metrics, make_upstream_call(deps, "/v1/completions"),
             queued=admission.queued if admission is not None else lambda _: 0,
         )
     app.include_router(
-        build_routes(router, state.metrics, lambda: state.draining, settings.health_interval_s)
+        build_routes(router, state.metrics, lambda: state.draining, settings.health_interval_s,
+                     settings.model_layouts)
     )
     lane = FastLane(app, {
         "/v1/chat/completions": ProxyEndpoint(deps, "/v1/chat/completions", "chat"),

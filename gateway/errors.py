@@ -10,7 +10,8 @@ shape. No handler ever echoes a traceback to the client.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from time import monotonic
 from typing import Any
 
 import orjson
@@ -26,6 +27,9 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = None
+    # What the client reads instead of `message`, when `message` holds internal detail (replica
+    # addresses, an upstream's own body) that belongs in the log only.
+    public: str | None = None
 
     def __init__(
         self,
@@ -43,7 +47,7 @@ class GatewayError(Exception):
         self.retry_after = retry_after
 
     def body(self) -> bytes:
-        return error_body(self.message, self.type, self.param, self.code)
+        return error_body(self.public or self.message, self.type, self.param, self.code)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         h = [(b"content-type", b"application/json")]
@@ -107,9 +111,13 @@ class RateLimited(GatewayError):
 
 
 class UpstreamFailed(GatewayError):
+    """`message` is the detail for the log (which replica, what it said); clients read `public`."""
+
     status = 502
     type = "server_error"
     code = "upstream_error"
+    public = ("The model server failed to answer; the gateway's log has the detail under this "
+              "response's x-request-id")
 
 
 class Unavailable(GatewayError):
@@ -122,6 +130,37 @@ class UpstreamTimeout(GatewayError):
     status = 504
     type = "server_error"
     code = "upstream_timeout"
+
+
+class RateLimitedLog:
+    """Warnings from one call site, at most `burst` per `interval_s`; the rest are counted and the
+    count rides on the next line let through. A flood of bad requests or failing upstreams must
+    not turn into a flood of log lines (disk, log pipeline, the event loop's time)."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0, burst: int = 5) -> None:
+        self._log = logger
+        self._interval = interval_s
+        self._burst = burst
+        self._window = -interval_s
+        self._sent = 0
+        self.suppressed = 0
+
+    def warning(self, msg: str, *args: object) -> None:
+        now = monotonic()
+        if now - self._window >= self._interval:
+            self._window, self._sent = now, 0
+        if self._sent >= self._burst:
+            self.suppressed += 1
+            return
+        self._sent += 1
+        if self.suppressed:
+            msg += " (%d similar line(s) suppressed)"
+            args = (*args, self.suppressed)
+            self.suppressed = 0
+        self._log.warning(msg, *args)
+
+
+_upstream_bodies = RateLimitedLog(log)
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
@@ -144,7 +183,7 @@ async def send_error(
     await send({"type": "http.response.body", "body": body})
 
 
-def normalize_upstream_error(status: int, body: bytes) -> bytes:
+def normalize_upstream_error(status: int, body: bytes, request_id: str = "-") -> bytes:
     """Give an engine's error body OpenAI's shape, whatever it was (vLLM versions differ)."""
     try:
         data: Any = orjson.loads(body)
@@ -166,8 +205,12 @@ def normalize_upstream_error(status: int, body: bytes) -> bytes:
             _str_or_none(data.get("param")),
             _str_or_none(data.get("code")),
         )
-    text = body.decode("utf-8", "replace").strip()[:500] or f"upstream returned HTTP {status}"
-    return error_body(text, _type_for(status), None, None)
+    # Not an error object (an HTML page from a proxy in front of the engine, say): never relayed,
+    # the log has it.
+    if body.strip():
+        _upstream_bodies.warning("request %s: upstream answered HTTP %d with a non-JSON body: %r",
+                                 request_id, status, body[:300])
+    return error_body(f"upstream returned HTTP {status}", _type_for(status), None, None)
 
 
 def _str_or_none(v: object) -> str | None:
@@ -178,12 +221,11 @@ def _type_for(status: int) -> str:
     return "invalid_request_error" if 400 <= status < 500 else "server_error"
 
 
-def _json(exc: GatewayError) -> Response:
-    return Response(
-        exc.body(),
-        status_code=exc.status,
-        headers={k.decode(): v.decode() for k, v in exc.headers()},
-    )
+def _json(exc: GatewayError, extra: Mapping[str, str] | None = None) -> Response:
+    headers = {k.decode(): v.decode() for k, v in exc.headers()}
+    if extra:
+        headers.update(extra)
+    return Response(exc.body(), status_code=exc.status, headers=headers)
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -191,18 +233,23 @@ def install_handlers(app: FastAPI) -> None:
         assert isinstance(exc, GatewayError)
         return _json(exc)
 
-    async def on_http(_: Request, exc: Exception) -> Response:
+    async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         mapped: GatewayError
         if exc.status_code == 404:
-            mapped = NotFound(str(exc.detail))
+            mapped = NotFound(f"No such endpoint: {request.url.path}")
         elif exc.status_code == 405:
-            mapped = MethodNotAllowed(str(exc.detail))
+            allow = (exc.headers or {}).get("Allow", "")
+            mapped = MethodNotAllowed(
+                f"Method {request.method} is not allowed on {request.url.path}; use {allow}"
+            )
         else:
             mapped = GatewayError(str(exc.detail))
             mapped.status = exc.status_code
             mapped.type = _type_for(exc.status_code)
-        return _json(mapped)
+        # Headers the framework set (Allow on a 405) stay; the content type is ours.
+        extra = {k: v for k, v in (exc.headers or {}).items() if k.lower() != "content-type"}
+        return _json(mapped, extra)
 
     async def on_unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error")

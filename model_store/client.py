@@ -17,7 +17,7 @@ from botocore.exceptions import (
 )
 
 from model_store.errors import StoreError
-from model_store.settings import StoreSettings
+from model_store.settings import StoreSettings, env_name
 
 _BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"}
 _DENIED = {"AccessDenied", "403", "Forbidden", "AllAccessDisabled"}
@@ -64,15 +64,20 @@ def translate(exc: Exception, client: Any, bucket: str, what: str) -> StoreError
         code = error_code(exc)
         if code == "NoSuchBucket":
             return StoreError(f"bucket {bucket!r} does not exist at {endpoint}")
+        # Name the endpoint, the bucket and the settings: "access denied" alone sends people
+        # to the wrong knob (a wrong endpoint and a key without rights look alike from here).
         if code in _BAD_CREDENTIALS:
             return StoreError(
-                f"{endpoint} rejected the credentials ({code}): check AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY"
+                f"{endpoint} rejected the credentials ({code}) for bucket {bucket!r}: check "
+                f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), and "
+                f"{env_name('endpoint_url')} if that is the wrong server"
             )
         if code in _DENIED:
             return StoreError(
-                f"access denied to {what} at {endpoint}: check the credentials and the "
-                "bucket policy"
+                f"access denied to {what} in bucket {bucket!r} at {endpoint}: check that the "
+                f"key in AWS_ACCESS_KEY_ID (or AWS_PROFILE) may use that bucket (its user's "
+                f"policy, the bucket policy), and {env_name('endpoint_url')} if that is the wrong "
+                "server"
             )
         message = exc.response.get("Error", {}).get("Message", "") or code
         return StoreError(f"S3 error on {what}: {code}: {message}")

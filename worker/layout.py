@@ -113,7 +113,7 @@ def valid_tp(heads: int, kv: int, up_to: int) -> list[int]:
     return [t for t in range(1, up_to + 1) if not sharding_problems(heads, kv, 1, t, 1)]
 
 
-def _int(config: dict[str, Any], key: str, source: Path, default: int | None = None) -> int:
+def positive_int(config: dict[str, Any], key: str, source: Path, default: int | None = None) -> int:
     value = config.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise LayoutError(f"{source} has no positive integer {key!r} (got {value!r})")
@@ -137,8 +137,9 @@ def _safetensors_bytes(directory: Path) -> int | None:
     return total
 
 
-def read_spec(path: Path) -> ModelSpec:
-    """A model directory (config.json, maybe safetensors) or a config.json itself."""
+def read_config(path: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """(config.json's path, the whole config, the language model's part of it) for a model
+    directory or a config.json itself."""
     source = path if path.is_file() else path / "config.json"
     try:
         raw: Any = json.loads(source.read_text(encoding="utf-8"))
@@ -152,21 +153,27 @@ def read_spec(path: Path) -> ModelSpec:
     c: dict[str, Any] = raw
     if "num_attention_heads" not in raw and isinstance(raw.get("text_config"), dict):
         c = raw["text_config"]
-    heads = _int(c, "num_attention_heads", source)
-    hidden = _int(c, "hidden_size", source)
+    return source, raw, c
+
+
+def read_spec(path: Path) -> ModelSpec:
+    """A model directory (config.json, maybe safetensors) or a config.json itself."""
+    source, raw, c = read_config(path)
+    heads = positive_int(c, "num_attention_heads", source)
+    hidden = positive_int(c, "hidden_size", source)
     # Configs without the key use plain multi-head attention: one KV head per attention head.
-    kv = _int(c, "num_key_value_heads", source, heads)
+    kv = positive_int(c, "num_key_value_heads", source, heads)
     head_dim = c.get("head_dim") or hidden // heads
     dtype = str(c.get("torch_dtype") or c.get("dtype") or raw.get("torch_dtype") or "bfloat16")
     return ModelSpec(
         source=source,
         num_attention_heads=heads,
         num_key_value_heads=kv,
-        num_hidden_layers=_int(c, "num_hidden_layers", source),
+        num_hidden_layers=positive_int(c, "num_hidden_layers", source),
         hidden_size=hidden,
         head_dim=int(head_dim),
-        intermediate_size=_int(c, "intermediate_size", source, 4 * hidden),
-        vocab_size=_int(c, "vocab_size", source, 32000),
+        intermediate_size=positive_int(c, "intermediate_size", source, 4 * hidden),
+        vocab_size=positive_int(c, "vocab_size", source, 32000),
         tie_word_embeddings=bool(c.get("tie_word_embeddings", raw.get("tie_word_embeddings"))),
         num_experts=int(c.get("num_local_experts") or c.get("num_experts") or 1),
         qkv_bias=bool(c.get("attention_bias") or c.get("model_type") == "qwen2"),

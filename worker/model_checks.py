@@ -6,12 +6,10 @@ in milliseconds once the model directory is complete and name the setting to cha
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from worker.layout import sharding_problems, valid_tp
+from worker.layout import LayoutError, positive_int, read_config, sharding_problems, valid_tp
 from worker.settings import SettingsError, WorkerSettings
 
 
@@ -25,37 +23,18 @@ class ModelShape:
     num_hidden_layers: int
 
 
-def _int_field(config: dict[str, Any], key: str, source: Path) -> int:
-    value = config.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise SettingsError(f"{source} has no positive integer {key!r} (got {value!r})")
-    return value
-
-
 def read_model_shape(model_path: Path) -> ModelShape:
-    source = model_path / "config.json"
     try:
-        raw: Any = json.loads(source.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SettingsError(
-            f"WORKER_MODEL_PATH={model_path}: cannot read {source} ({exc})"
-        ) from None
-    except ValueError as exc:
-        raise SettingsError(f"{source} is not valid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise SettingsError(f"{source} is not a JSON object")
-    # Multimodal configs keep the language model's shape under text_config.
-    config: dict[str, Any] = raw
-    if "num_attention_heads" not in raw and isinstance(raw.get("text_config"), dict):
-        config = raw["text_config"]
-    heads = _int_field(config, "num_attention_heads", source)
-    # Configs without the key use plain multi-head attention: one KV head per attention head.
-    kv_heads = (
-        _int_field(config, "num_key_value_heads", source)
-        if "num_key_value_heads" in config
-        else heads
-    )
-    layers = _int_field(config, "num_hidden_layers", source)
+        source, _, config = read_config(model_path)
+        heads = positive_int(config, "num_attention_heads", source)
+        # Configs without the key use plain multi-head attention: one KV head per attention head.
+        kv_heads = positive_int(config, "num_key_value_heads", source, heads)
+        layers = positive_int(config, "num_hidden_layers", source)
+    except LayoutError as exc:
+        message = str(exc)
+        if message.startswith("cannot read"):
+            message = f"WORKER_MODEL_PATH={model_path}: {message}"
+        raise SettingsError(message) from None
     return ModelShape(source, heads, kv_heads, layers)
 
 

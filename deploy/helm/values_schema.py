@@ -13,6 +13,12 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "llmserve" / "values.schema.json"
+# llmserve_ttft_seconds's bucket bounds, as gateway/metrics.py has them (this script runs without
+# the gateway on its path; tests/deploy/test_prometheus_rules.py checks the two agree).
+TTFT_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+    7.5, 10.0, 20.0, 30.0, 60.0,
+)
 
 
 def obj(
@@ -424,7 +430,12 @@ SCHEMA: dict[str, Any] = {
                         "enabled": B,
                         "window": DURATION,
                         "for": DURATION,
-                        "ttftP95Seconds": {"type": "number", "exclusiveMinimum": 0},
+                        # The bucket bounds of llmserve_ttft_seconds (gateway/metrics.py): the
+                        # burn rate reads the bucket at the SLO's threshold.
+                        "ttftSloSeconds": {"enum": list(TTFT_BUCKETS)},
+                        "ttftSloObjective": {"type": "number", "exclusiveMinimum": 0,
+                                             "exclusiveMaximum": 1},
+                        "kvCacheUsage": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                         "errorRate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                         "engineQueueDepth": i(1),
                         "gatewayQueueDepth": i(1),

@@ -15,16 +15,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.api.inflight import DRAIN_EXPIRED, Exchange, InFlight
 from gateway.api.schemas import Kind, ParsedRequest, parse_request
 from gateway.api.sse import SseRelay
 from gateway.errors import (
     GatewayError,
     ModelNotFound,
+    RateLimitedLog,
     Unavailable,
     UpstreamFailed,
     normalize_upstream_error,
@@ -36,9 +38,11 @@ from gateway.flow.batcher import Batcher, UpstreamCall, batch_key
 from gateway.flow.tenants import Tenant
 from gateway.metrics import GatewayMetrics
 from gateway.routing.backend import Backend
+from gateway.routing.policy import RouteRequest
 from gateway.routing.router import Router
 from gateway.settings import GatewaySettings
 from gateway.transport.base import Transport, UpstreamResponse
+from gateway.usage import usage_counts
 
 log = logging.getLogger("gateway.proxy")
 
@@ -61,6 +65,7 @@ class ProxyDeps:
     metrics: GatewayMetrics
     flow: Admission | None = None
     batcher: Batcher | None = None
+    inflight: InFlight = field(default_factory=InFlight)
 
 
 async def read_body(receive: Receive) -> bytes:
@@ -80,6 +85,7 @@ class ProxyEndpoint:
         self._d = deps
         self._path = path
         self._kind = kind
+        self._session_header = deps.settings.affinity.session_header.lower().encode("latin-1")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
@@ -96,14 +102,22 @@ class ProxyEndpoint:
         # From here the client may vanish at any await: watch for it in the background and cancel
         # this task, which unwinds into the upstream response's close().
         task = asyncio.current_task()
-        watcher = loop.create_task(_watch_disconnect(receive, task))
+        ex = Exchange(task, started, scope.get("state", {}).get("request_id", "-"))
+        inflight = self._d.inflight
+        inflight.add(ex)
+        watcher = loop.create_task(_watch_disconnect(receive, ex))
         try:
-            await self._serve(scope, req, raw, send, started)
+            await self._serve(scope, req, raw, send, ex)
         except asyncio.CancelledError:
-            if not watcher.done() or watcher.cancelled() or not watcher.result():
+            if ex.expired:
+                # The drain timed out (InFlight.expire): answer, or end the stream, in-band.
+                if task is not None:
+                    task.uncancel()
+                await _end_expired(send, ex)
+            elif not watcher.done() or watcher.cancelled() or not watcher.result():
                 raise
             # Our own cancellation for a disconnect: absorb it, the request is over.
-            if task is not None:
+            elif task is not None:
                 task.uncancel()
         except Exception:
             # A bug, not an upstream failure: log it, and answer in OpenAI's shape if we still can
@@ -113,16 +127,17 @@ class ProxyEndpoint:
                 await send_error(send, GatewayError("internal error"))
         finally:
             watcher.cancel()
+            inflight.discard(ex)
 
     async def _serve(
-        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, started: float
+        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, ex: Exchange
     ) -> None:
         d = self._d
         flow = d.flow
         # Unknown models skip admission (they end in 404 or 503 below) so that made-up model
         # names cannot create pools.
         if flow is None or not d.router.knows_model(req.model):
-            await self._forward(scope, req, raw, send, started, None, None)
+            await self._forward(scope, req, raw, send, ex, None, None)
             return
         tenant = flow.tenants.for_key(scope.get("state", {}).get("api_key"))
         pool = flow.pool(req.model)
@@ -140,12 +155,12 @@ class ProxyEndpoint:
             return
         tenant.admitted()
         try:
-            await self._forward(scope, req, raw, send, started, pool, tenant)
+            await self._forward(scope, req, raw, send, ex, pool, tenant)
         finally:
             pool.release(tenant.name)
 
     async def _forward(
-        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, started: float,
+        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, ex: Exchange,
         pool: Pool | None, tenant: Tenant | None,
     ) -> None:
         d = self._d
@@ -159,17 +174,19 @@ class ProxyEndpoint:
         if d.batcher is not None and self._kind == "completion" and not req.stream:
             key = batch_key(req.body)
             if key is not None:
-                await self._batched(d.batcher, req, key, send, started, tenant)
+                await self._batched(d.batcher, req, key, send, ex, tenant)
                 return
 
+        route = (_route_request(req, scope, self._session_header)
+                 if d.router.wants_affinity(model) else None)
         tried: list[Backend] = []
         last_error: GatewayError | None = None
         for _ in range(d.settings.retries + 1):
-            backend = _next_replica(d, model, tried)
+            backend = _next_replica(d, model, tried, route)
             if backend is None:
                 break
             try:
-                await self._attempt(backend, req, raw, headers, send, started, pool, tenant)
+                await self._attempt(backend, req, raw, headers, send, ex, pool, tenant)
             except GatewayError as exc:
                 # Nothing reached the client yet: safe to try another replica.
                 last_error = _failed(d, model, backend, exc)
@@ -191,21 +208,25 @@ class ProxyEndpoint:
             # A made-up model name must not mint a metric series per request.
             label = model if d.router.knows_model(model) else "unknown"
             d.metrics.requests.labels(label, "", str(last_error.status)).inc()
+        else:
+            _log_failure(ex, last_error)
         await send_error(send, last_error)
 
     async def _batched(
-        self, batcher: Batcher, req: ParsedRequest, key: bytes, send: Send, started: float,
+        self, batcher: Batcher, req: ParsedRequest, key: bytes, send: Send, ex: Exchange,
         tenant: Tenant | None,
     ) -> None:
+        started = ex.started
         try:
             result = await batcher.submit(req.model, req.body, key)
         except GatewayError as exc:
             self._d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
+            _log_failure(ex, exc)
             await send_error(send, exc)
             return
         body = result.body
         if result.status != 200:
-            body = normalize_upstream_error(result.status, body)
+            body = normalize_upstream_error(result.status, body, ex.rid)
         await _send_json(send, result.status, body)
         m = self._d.metrics
         # Once per client request, not per upstream call: a batch of N answers N requests.
@@ -214,10 +235,8 @@ class ProxyEndpoint:
             # A whole answer has no first token to time: E2E only, never TTFT.
             now = asyncio.get_running_loop().time()
             m.e2e.labels(req.model).observe(now - started)
-            m.input_tokens.labels(req.model).inc(result.prompt_tokens)
-            m.output_tokens.labels(req.model).inc(result.completion_tokens)
-            if tenant is not None:
-                tenant.used(result.prompt_tokens, result.completion_tokens)
+            _count_usage(m, req.model, tenant, (result.prompt_tokens, result.completion_tokens)
+                         if result.usage_known else None)
 
     async def _attempt(
         self,
@@ -226,7 +245,7 @@ class ProxyEndpoint:
         raw: bytes,
         headers: dict[str, str],
         send: Send,
-        started: float,
+        ex: Exchange,
         pool: Pool | None,
         tenant: Tenant | None,
     ) -> None:
@@ -244,25 +263,27 @@ class ProxyEndpoint:
                 _raise_if_server_error(resp.status, body)
                 # A 4xx is the caller's problem, not the replica's: no retry, no ejection.
                 d.router.report_success(backend)
-                await _send_json(send, resp.status, normalize_upstream_error(resp.status, body))
+                await _send_json(send, resp.status,
+                                 normalize_upstream_error(resp.status, body, ex.rid))
                 d.metrics.requests.labels(req.model, backend.url, str(resp.status)).inc()
                 return
             if req.stream:
-                await self._relay_stream(backend, req, resp, send, started, pool, tenant,
-                                         dispatched)
+                await self._relay_stream(backend, req, resp, send, ex, pool, tenant, dispatched)
             else:
-                await self._relay_whole(backend, req, resp, send, started, tenant)
+                await self._relay_whole(backend, req, resp, send, ex.started, tenant, pool,
+                                        dispatched)
         except BaseException:
             resp.close()
             raise
 
     async def _relay_whole(
         self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
-        started: float, tenant: Tenant | None,
+        started: float, tenant: Tenant | None, pool: Pool | None, dispatched: float,
     ) -> None:
         d = self._d
         body = await resp.read()
         resp.release()
+        done = d.flow.clock() if pool is not None and d.flow is not None else 0.0
         d.router.report_success(backend)
         await _send_json(send, 200, body)
         m = d.metrics
@@ -271,21 +292,21 @@ class ProxyEndpoint:
         m.e2e.labels(req.model).observe(now - started)
         m.requests.labels(req.model, backend.url, "200").inc()
         try:
-            usage = orjson.loads(body).get("usage") or {}
-            prompt = int(usage.get("prompt_tokens") or 0)
-            completion = int(usage.get("completion_tokens") or 0)
-            m.input_tokens.labels(req.model).inc(prompt)
-            m.output_tokens.labels(req.model).inc(completion)
-            if tenant is not None:
-                tenant.used(prompt, completion)
-        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-            pass
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            obj = None
+        counts = usage_counts(obj.get("usage")) if isinstance(obj, dict) else None
+        _count_usage(m, req.model, tenant, counts)
+        if pool is not None and counts is not None:
+            # The other request class: the whole latency, judged per generated token.
+            pool.sample_whole(done - dispatched, counts[1], dispatched)
 
     async def _relay_stream(
         self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
-        started: float, pool: Pool | None, tenant: Tenant | None, dispatched: float,
+        ex: Exchange, pool: Pool | None, tenant: Tenant | None, dispatched: float,
     ) -> None:
         d = self._d
+        started = ex.started
         loop = asyncio.get_running_loop()
         relay = SseRelay(strip_usage=not req.client_wants_usage)
         # Hold the head until the first real bytes: until then a failure may still be retried.
@@ -301,6 +322,7 @@ class ProxyEndpoint:
             # The engine's own TTFT (dispatch -> first event): what the adaptive limit steers.
             pool.sample(d.flow.clock() - dispatched, dispatched)
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        ex.head_sent = True
 
         # The chunk that carries [DONE] ends the response (more_body=False) at once: a client
         # that hangs up right after [DONE] must count as served, not as a disconnect.
@@ -308,6 +330,11 @@ class ProxyEndpoint:
         status = "200"
         readany = resp.readany
         feed = relay.feed
+        # ITL: one gap per event after the first, stamped when its chunk arrived; events that
+        # arrive together get 0. Observed once at the end, never per event (see StreamHistogram).
+        now = loop.time
+        gaps: list[float] = [0.0] * (first.count(b"\n\n") - 1)
+        last = started + ttft
         try:
             out = first
             while not relay.saw_done:
@@ -318,9 +345,15 @@ class ProxyEndpoint:
                     if not chunk:
                         raise UpstreamFailed("replica ended the stream without [DONE]")
                     out = feed(chunk)
+                t = now()
+                gaps.append(t - last)
+                last = t
+                extra = out.count(b"\n\n") - 1  # a C scan of a short chunk
+                if extra > 0:
+                    gaps += [0.0] * extra
             await send({"type": "http.response.body", "body": out + relay.flush(),
                         "more_body": False})
-            complete = True
+            complete = ex.responded = True
             # Read the chunked-encoding terminator so the connection goes back to the pool.
             while await readany():
                 pass
@@ -331,30 +364,89 @@ class ProxyEndpoint:
                 return
             # Past the first byte there is no retry: end the stream with one in-band error event.
             d.router.report_failure(backend)
+            _log_failure(ex, exc)
             status = str(exc.status)
             await send({"type": "http.response.body", "body": sse_error_event(exc),
                         "more_body": False})
         except BaseException:
             if not complete:
-                status = "499"  # client closed the request (disconnect cancels this task)
+                # The drain's timeout, or the client closed the request (disconnect cancels this
+                # task).
+                status = "503" if ex.expired else "499"
             raise
         finally:
             m = d.metrics
+            e2e = loop.time() - started
             m.ttft.labels(req.model).observe(ttft)
-            m.e2e.labels(req.model).observe(loop.time() - started)
+            m.e2e.labels(req.model).observe(e2e)
+            if relay.saw_done:
+                # vllm bench serve counts no gap for [DONE] nor the usage-only event: both come
+                # last, so they are the last entries.
+                del gaps[max(0, len(gaps) - (2 if req.client_wants_usage else 1)):]
+            m.itl.observe_many(req.model, gaps)
+            if relay.completion_tokens > 1:
+                m.tpot.labels(req.model).observe((e2e - ttft) / (relay.completion_tokens - 1))
             m.requests.labels(req.model, backend.url, status).inc()
-            m.input_tokens.labels(req.model).inc(relay.prompt_tokens)
-            m.output_tokens.labels(req.model).inc(relay.completion_tokens)
-            if tenant is not None:
-                tenant.used(relay.prompt_tokens, relay.completion_tokens)
+            if relay.usage_known:
+                _count_usage(m, req.model, tenant, (relay.prompt_tokens, relay.completion_tokens))
+            elif complete:  # a cut stream may just not have reached its usage yet
+                m.usage_invalid.labels(req.model).inc()
 
 
-def _next_replica(d: ProxyDeps, model: str, tried: list[Backend]) -> Backend | None:
+# Why a client saw a 502/504: which replica, what it said. Rate-limited: a failing replica under
+# load would otherwise write a line per request.
+_failures = RateLimitedLog(log)
+
+
+def _log_failure(ex: Exchange, exc: GatewayError) -> None:
+    if exc.status >= 500:
+        _failures.warning("request %s: %s", ex.rid, exc.message)
+
+
+def _count_usage(
+    m: GatewayMetrics, model: str, tenant: Tenant | None, counts: tuple[int, int] | None
+) -> None:
+    """Count an answer's tokens, or, when its usage was missing or malformed, only that."""
+    if counts is None:
+        m.usage_invalid.labels(model).inc()
+        return
+    m.input_tokens.labels(model).inc(counts[0])
+    m.output_tokens.labels(model).inc(counts[1])
+    if tenant is not None:
+        tenant.used(*counts)
+
+
+def _route_request(req: ParsedRequest, scope: Scope, session_header: bytes) -> RouteRequest:
+    """What an affinity policy routes by: an explicit session key (header, else the OpenAI `user`
+    field) and the prompt's bytes from its start, in a form where turn N+1 extends turn N."""
+    for name, value in scope["headers"]:
+        if name == session_header:
+            return RouteRequest(req.model, value.decode("latin-1"))
+    user = req.body.get("user")
+    if isinstance(user, str) and user:
+        return RouteRequest(req.model, user)
+    if req.kind == "chat":
+        prefix = orjson.dumps(req.body["messages"])
+    else:
+        prompt = req.body["prompt"]
+        prefix = prompt.encode() if isinstance(prompt, str) else orjson.dumps(prompt)
+    return RouteRequest(req.model, None, prefix)
+
+
+def _next_replica(
+    d: ProxyDeps, model: str, tried: list[Backend], route: RouteRequest | None = None
+) -> Backend | None:
     """The next replica for `model` that is not in `tried`, acquired (the caller releases it);
-    every pick after the first is counted as a retry."""
-    backend = d.router.pick(model, tried)
+    every pick after the first is a retry, taken from the retry budget (None when spent)."""
+    budget = d.router.retry_budget
+    if not tried:
+        budget.request()
+    backend = d.router.pick(model, tried, route)
     if backend is not None:
         if tried:
+            if not budget.try_retry():
+                d.metrics.retries_refused.labels(model).inc()
+                return None
             d.metrics.retries.labels(model).inc()
         tried.append(backend)
         backend.acquire()
@@ -411,12 +503,26 @@ def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
     return call
 
 
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[object] | None) -> bool:
+async def _watch_disconnect(receive: Receive, ex: Exchange) -> bool:
     message: Message = await receive()
-    if message["type"] == "http.disconnect" and task is not None:
-        task.cancel()
+    # Once the response is complete uvicorn answers every receive() with http.disconnect: that
+    # is not a hang-up, and cancelling then would abort the upstream connection while the proxy
+    # reads the chunked terminator, which may come in a later read than [DONE].
+    if message["type"] == "http.disconnect" and not ex.responded and ex.task is not None:
+        ex.task.cancel()
         return True
     return False
+
+
+async def _end_expired(send: Send, ex: Exchange) -> None:
+    """Answer a request the drain timeout cut: a 503 if the client has seen nothing, else one
+    in-band error event that closes the stream. Never raises (the client may be gone too)."""
+    with contextlib.suppress(Exception):
+        if not ex.head_sent:
+            await send_error(send, DRAIN_EXPIRED)
+        elif not ex.responded:
+            await send({"type": "http.response.body", "body": sse_error_event(DRAIN_EXPIRED),
+                        "more_body": False})
 
 
 def _upstream_headers(scope: Scope) -> dict[str, str]:

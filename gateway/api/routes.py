@@ -12,10 +12,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gateway.errors import Unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.routing.router import Router
+from gateway.settings import ModelLayout
 
 
 def build_routes(
-    router: Router, metrics: GatewayMetrics, draining: Callable[[], bool], retry_after_s: float
+    router: Router, metrics: GatewayMetrics, draining: Callable[[], bool], retry_after_s: float,
+    layouts: dict[str, ModelLayout] | None = None,
 ) -> APIRouter:
     api = APIRouter()
     created = int(time.time())
@@ -23,10 +25,16 @@ def build_routes(
     @api.get("/v1/models")
     async def list_models() -> JSONResponse:
         # The union over available replicas: a model whose replicas are all down is not listed.
-        data = [
-            {"id": m, "object": "model", "created": created, "owned_by": "llmserve"}
-            for m in router.models()
-        ]
+        # `llmserve` (an extension field; OpenAI clients ignore it): live replicas and the
+        # deployed layout when configured, so a benchmark report can describe what it measured.
+        replicas = router.replicas()
+        data = []
+        for m in router.models():
+            info: dict[str, int] = {"replicas": replicas.get(m, 0)}
+            if layouts and m in layouts:
+                info.update(layouts[m].model_dump())
+            data.append({"id": m, "object": "model", "created": created, "owned_by": "llmserve",
+                         "llmserve": info})
         return JSONResponse({"object": "list", "data": data})
 
     @api.get("/health")

@@ -29,6 +29,10 @@ class ParsedRequest:
 
 
 def _is_int(v: object) -> bool:
+    # 5.0 is an integer to JSON Schema and to the engine (vLLM's pydantic models, lax mode). The
+    # parser reads integers beyond int64/uint64 as floats: those are out of range.
+    if isinstance(v, float):
+        return v.is_integer() and -(2.0**63) < v < 2.0**64
     return isinstance(v, int) and not isinstance(v, bool)
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import orjson
 
+from gateway.usage import usage_counts
+
 _SEP = b"\n\n"
 _DONE = b"data: [DONE]\n\n"
 # vLLM emits compact JSON; the spaced form covers other OpenAI-compatible upstreams.
@@ -20,13 +22,17 @@ _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
 
 
 class SseRelay:
-    __slots__ = ("_pending", "_strip_usage", "completion_tokens", "prompt_tokens", "saw_done")
+    __slots__ = ("_pending", "_strip_usage", "completion_tokens", "prompt_tokens", "saw_done",
+                 "usage_known")
 
     def __init__(self, strip_usage: bool) -> None:
         self._strip_usage = strip_usage
         self._pending = b""
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        # False until a well-formed usage arrives, and again if a later one is malformed: then
+        # the counts above are not to be trusted (gateway/usage.py).
+        self.usage_known = False
         self.saw_done = False
 
     def feed(self, chunk: bytes) -> bytes:
@@ -87,8 +93,14 @@ class SseRelay:
         if not isinstance(obj, dict):
             return False
         usage = obj.get("usage")
-        if isinstance(usage, dict):
+        if usage is None:
+            return False
+        counts = usage_counts(usage)
+        if counts is None:
+            self.usage_known = False
+            self.prompt_tokens = self.completion_tokens = 0
+        else:
             # With continuous usage stats every chunk carries running totals: keep the latest.
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens = int(usage.get("completion_tokens") or 0)
+            self.usage_known = True
+            self.prompt_tokens, self.completion_tokens = counts
         return obj.get("choices") == [] and isinstance(usage, dict)

@@ -131,7 +131,10 @@ class Pool:
             evicted = self.queue.push(w)
         except QueueFull:
             raise self._refuse("queue_full", len(self.queue), rate) from None
-        if evicted is not None:
+        # Answered here, at once. Unless it is leaving anyway: a waiter whose client went away or
+        # whose deadline fired has its future cancelled a loop step before its own cleanup takes
+        # it out of the queue, and answering it again would raise InvalidStateError right here.
+        if evicted is not None and not evicted.future.done():
             evicted.future.set_exception(self._refuse("queue_full", len(self.queue), rate))
         try:
             async with asyncio.timeout(s.queue_timeout_s):
@@ -167,8 +170,18 @@ class Pool:
             self._empty_since = now
 
     def sample(self, ttft_s: float, dispatched_at: float) -> None:
+        """A streamed request's upstream TTFT."""
         before = self.limiter.limit
         self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight)
+        self._grew(before)
+
+    def sample_whole(self, latency_s: float, tokens: int, dispatched_at: float) -> None:
+        """A whole (non-streamed) answer's upstream latency and its generated tokens."""
+        before = self.limiter.limit
+        self.limiter.on_whole_sample(latency_s, tokens, dispatched_at, self.in_flight)
+        self._grew(before)
+
+    def _grew(self, before: int) -> None:
         grown = self.limiter.limit - before
         if grown > 0:
             # New slots serve the queue as completions do: count them in the drain rate (during

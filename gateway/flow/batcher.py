@@ -31,6 +31,7 @@ import orjson
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.settings import BatchSettings
+from gateway.usage import usage_counts
 
 log = logging.getLogger("gateway.batcher")
 
@@ -46,6 +47,7 @@ class BatchResult:
     body: bytes
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    usage_known: bool = True  # False: the upstream's usage was missing or malformed
     backend: str = ""  # the replica that answered: the proxy counts each client request there
 
 
@@ -171,7 +173,10 @@ class Batcher:
         result = BatchResult(status, raw, backend=backend)
         if status == 200:
             usage = _usage(raw)
-            result.prompt_tokens, result.completion_tokens = usage
+            if usage is None:
+                result.usage_known = False
+            else:
+                result.prompt_tokens, result.completion_tokens = usage
         if not mem.future.done():
             mem.future.set_result(result)
 
@@ -197,12 +202,12 @@ class Batcher:
                 mem.future.set_result(result)
 
 
-def _usage(raw: bytes) -> tuple[int, int]:
+def _usage(raw: bytes) -> tuple[int, int] | None:
     try:
-        usage = orjson.loads(raw).get("usage") or {}
-        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-        return 0, 0
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return usage_counts(obj.get("usage")) if isinstance(obj, dict) else None
 
 
 def split(raw: bytes, prompts: list[str], keep_token_ids: bool) -> list[BatchResult]:
@@ -214,9 +219,8 @@ def split(raw: bytes, prompts: list[str], keep_token_ids: bool) -> list[BatchRes
         raise GatewayError(
             f"batched upstream answer has {len(choices)} choices for {len(prompts)} prompts"
         )
-    usage = obj.get("usage") or {}
-    total_prompt = int(usage.get("prompt_tokens") or 0)
-    total_completion = int(usage.get("completion_tokens") or 0)
+    totals = usage_counts(obj.get("usage"))
+    total_prompt, total_completion = totals or (0, 0)
     exact = all(isinstance(c.get("token_ids"), list) and isinstance(c.get("prompt_token_ids"),
                                                                      list) for c in choices)
     prompt_chars = sum(len(p) for p in prompts) or 1
@@ -238,5 +242,6 @@ def split(raw: bytes, prompts: list[str], keep_token_ids: bool) -> list[BatchRes
         answer = {**base, "id": f"{rid}-{i}", "choices": [c],
                   "usage": {"prompt_tokens": p_tok, "completion_tokens": c_tok,
                             "total_tokens": p_tok + c_tok}}
-        out.append(BatchResult(200, orjson.dumps(answer), p_tok, c_tok))
+        out.append(BatchResult(200, orjson.dumps(answer), p_tok, c_tok,
+                               usage_known=exact or totals is not None))
     return out

@@ -19,6 +19,12 @@ target too: work is piling up inside them, which is what the limit exists to pre
   doubles every round trip of the window instead of creeping. Additive growth alone left a cold
   gateway at 32 slots in front of engines that served 350 streams at 100 ms TTFT, answering
   thousands of 503s in the first seconds of a burst (bench/real_pace.py).
+- Whole (non-streamed) answers, the other request class, have no TTFT: their latency is the whole
+  generation, and grows with its length. Each is judged per generated token against the best
+  per-token latency this pool has seen lately (Netflix concurrency-limits' gradient: latency
+  against its own unloaded minimum, not a fixed target): at that best it counts as a sample with
+  no latency at all, at `WHOLE_TOLERANCE` x the best as one right at the target, beyond as a miss.
+  Without it a pool serving only whole answers never left its starting limit (32).
 - Idle: a limit learnt under load says little after a quiet spell. When a pool has been empty for
   `IDLE_S` x target, the limit halves per such spell down to its starting value, and slow start
   resumes: a burst after the pause ramps up again in a few round trips.
@@ -36,11 +42,16 @@ GROWTH = 0.25
 SLOW_START_BELOW = 0.5
 # An empty pool for this many targets counts as idle.
 IDLE_S = 10.0
+# A whole answer this many times slower per token than the best seen lately misses the target.
+WHOLE_TOLERANCE = 2.0
+# Each whole answer moves the best this share of the way toward itself: a best set in a quiet
+# moment (a cache hit, a tiny prompt) must not brand every later answer as slow.
+BEST_DRIFT = 0.005
 
 
 class AimdLimiter:
-    __slots__ = ("_backoff", "_ceiling", "_clock", "_floor", "_initial", "_last_cut", "_limit",
-                 "_slow_start", "_target", "limit")
+    __slots__ = ("_backoff", "_best_per_token", "_ceiling", "_clock", "_floor", "_initial",
+                 "_last_cut", "_limit", "_slow_start", "_target", "limit")
 
     def __init__(
         self, *, initial: int, floor: int, ceiling: int, target_s: float, backoff: float = 0.9,
@@ -59,6 +70,7 @@ class AimdLimiter:
         self._backoff = backoff
         self._clock = clock
         self._last_cut = -1e18
+        self._best_per_token = 0.0  # whole answers: best seconds per token lately (0: none yet)
         self.limit = initial  # the integer the admission check reads
 
     @property
@@ -78,6 +90,24 @@ class AimdLimiter:
                 return
             room = 1.0 - latency_s / self._target
             self._set(self._limit + max(1.0 / self._limit, GROWTH * room))
+
+    def on_whole_sample(
+        self, latency_s: float, tokens: int, dispatched_at: float, in_flight: int
+    ) -> None:
+        """One whole answer: `latency_s` from dispatch to its last byte, `tokens` generated."""
+        per_token = latency_s / (tokens + 1)  # +1: the prefill, however short the answer
+        best = self._best_per_token
+        if best <= 0.0 or per_token < best:
+            best = per_token
+        else:
+            best += (per_token - best) * BEST_DRIFT
+        self._best_per_token = best
+        if best <= 0.0:
+            return
+        ratio = per_token / best  # >= 1
+        # Mapped onto the streamed scale: the best is no latency, WHOLE_TOLERANCE x is the target.
+        self.on_sample(self._target * (ratio - 1.0) / (WHOLE_TOLERANCE - 1.0), dispatched_at,
+                       in_flight)
 
     def on_idle(self, idle_s: float) -> None:
         """The pool has been empty for `idle_s`: decay toward the starting limit, slow start again."""

@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 
+class CacheLife:
+    """One life of a replica's KV cache: affinity policies remember this token, not the Backend.
+
+    The router replaces it when the replica's probe fails (an engine that restarts loses its
+    cache), so what was learned about the old cache no longer matches without any table scan."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+
 class Backend:
     """Mutable routing state of one replica. Identity-hashed: two objects are two replicas."""
 
-    __slots__ = ("ejected_until", "failures", "models", "outstanding", "probe_ok", "url")
+    __slots__ = ("cache_life", "ejected_until", "failure_rate", "failures", "models", "outstanding",
+                 "probe_ok", "url")
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
@@ -17,6 +30,8 @@ class Backend:
         self.probe_ok = False
         self.ejected_until = 0.0
         self.failures = 0
+        self.failure_rate = 0.0  # moving average of its requests' failures (1) and successes (0)
+        self.cache_life = CacheLife(self)
 
     def acquire(self) -> None:
         self.outstanding += 1

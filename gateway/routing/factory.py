@@ -5,8 +5,9 @@ from __future__ import annotations
 from gateway.routing.discovery.base import Discovery
 from gateway.routing.discovery.dns import Dns
 from gateway.routing.discovery.static import Static
-from gateway.routing.policy import make_policy
+from gateway.routing.policy import RoutingPolicy, make_policy
 from gateway.routing.probe import Prober
+from gateway.routing.retry_budget import RetryBudget
 from gateway.routing.router import Router
 from gateway.settings import GatewaySettings
 
@@ -26,11 +27,26 @@ def build_discovery(settings: GatewaySettings) -> Discovery:
 
 
 def build_router(settings: GatewaySettings, prober: Prober) -> Router:
+    # Every name is checked here, at start-up, not when a model first shows up.
+    default = make_policy(settings.routing_policy, settings.affinity)
+    for name in settings.routing_policies.values():
+        make_policy(name, settings.affinity)
+
+    def policy_for(model: str) -> RoutingPolicy:
+        # One policy object per model pool: its state (rotation, learned prefixes) and its
+        # metrics stay per pool.
+        return make_policy(settings.routing_policies.get(model, settings.routing_policy),
+                           settings.affinity)
+
     return Router(
         build_discovery(settings),
         prober,
-        make_policy(settings.routing_policy),
+        default,
         health_interval_s=settings.health_interval_s,
         eject_after_failures=settings.eject_after_failures,
         eject_for_s=settings.eject_for_s,
+        eject_failure_rate=settings.eject_failure_rate,
+        retry_budget=RetryBudget(settings.retry_budget, settings.retry_budget_min),
+        max_ejection_percent=settings.max_ejection_percent,
+        policy_for=policy_for,
     )

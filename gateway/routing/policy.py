@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from gateway.routing.backend import Backend
+
+if TYPE_CHECKING:
+    from gateway.settings import AffinitySettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,9 +17,14 @@ class RouteRequest:
     model: str
     # For affinity policies (prefix caching, sessions): a key that should land on the same replica.
     affinity_key: str | None = None
+    # The prompt's bytes from its start (chat messages as JSON, or the prompt), for prefix hashing.
+    prefix: bytes | None = None
 
 
 class RoutingPolicy(Protocol):
+    # True: the caller builds a RouteRequest per request (key, prefix); False: it may reuse one.
+    uses_affinity: ClassVar[bool]
+
     def pick(self, candidates: Sequence[Backend], request: RouteRequest) -> Backend | None:
         """Choose one of `candidates` (all available and serving the model), or None if empty.
 
@@ -34,6 +42,7 @@ class LeastOutstanding:
     """
 
     __slots__ = ("_turn",)
+    uses_affinity: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._turn = 0
@@ -63,18 +72,46 @@ class LeastOutstanding:
         raise AssertionError("unreachable: some candidate holds the minimum")
 
 
-_POLICIES: dict[str, Callable[[], RoutingPolicy]] = {"least_outstanding": LeastOutstanding}
+class RoundRobin:
+    """Each candidate in turn, blind to load: a baseline for benchmarks, not for production."""
+
+    __slots__ = ("_turn",)
+    uses_affinity: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def pick(self, candidates: Sequence[Backend], request: RouteRequest) -> Backend | None:
+        if not candidates:
+            return None
+        self._turn += 1
+        return candidates[self._turn % len(candidates)]
+
+
+def _prefix_affinity(settings: AffinitySettings | None) -> RoutingPolicy:
+    # Imported here: affinity.py builds on LeastOutstanding from this module.
+    from gateway.routing.affinity import PrefixAffinity
+
+    return PrefixAffinity(settings)
+
+
+_POLICIES: dict[str, Callable[[AffinitySettings | None], RoutingPolicy]] = {
+    "least_outstanding": lambda _: LeastOutstanding(),
+    "round_robin": lambda _: RoundRobin(),
+    "prefix_affinity": _prefix_affinity,
+}
 
 
 def policy_names() -> list[str]:
     return sorted(_POLICIES)
 
 
-def make_policy(name: str) -> RoutingPolicy:
+def make_policy(name: str, affinity: AffinitySettings | None = None) -> RoutingPolicy:
     """A fresh policy object by name (policies keep state, e.g. the rotation)."""
     try:
-        return _POLICIES[name]()
+        factory = _POLICIES[name]
     except KeyError:
         raise ValueError(
             f"GATEWAY_ROUTING_POLICY: unknown policy {name!r}; choose one of {policy_names()}"
         ) from None
+    return factory(affinity)

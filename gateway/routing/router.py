@@ -7,6 +7,20 @@ its first passed probe (a replica still loading its model would fail the first r
 
 Passive health: `eject_after_failures` consecutive request failures eject a backend for
 `eject_for_s`, so a replica that dies between probes stops taking traffic after a few requests.
+A replica that fails only some of its requests (a brownout: every other one a 503) never fails
+three in a row; it is ejected when the moving average of its failures reaches
+`eject_failure_rate`, unless no other backend is available (then its successes are all there is).
+Left in, it would draw ever more traffic: its failures answer fast, so it has the fewest requests
+in flight. Retries to other replicas are bounded by a retry budget (routing/retry_budget.py).
+
+Limits (Envoy's outlier detection): at most `max_ejection_percent` of a pool is ejected at once
+(at least one backend), and when no backend of a pool is available but some are only ejected,
+the pool routes to those anyway (panic mode): failures may come from overload or bad requests,
+and a guess beats a certain 503. Backends whose probe fails stay out even then.
+
+Policies: one per model pool (`policy_for`), else the shared `policy`. A failed probe gives the
+backend a new `CacheLife`: an engine that went away lost its KV cache, and affinity policies
+stop believing what they learned about it.
 
 Decision: a passing probe does NOT cut an ejection short. The failures were real requests failing
 while /health still answered 200 (a wedged engine, a broken pipe, an overloaded replica), so a
@@ -20,14 +34,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
-from gateway.routing.backend import Backend
+from gateway.routing.affinity import PrefixAffinity
+from gateway.routing.backend import Backend, CacheLife
 from gateway.routing.discovery.base import Discovery
 from gateway.routing.policy import RouteRequest, RoutingPolicy
 from gateway.routing.probe import Prober
+from gateway.routing.retry_budget import RetryBudget
 
 log = logging.getLogger("gateway.router")
+
+# Weight of each request in a backend's failure moving average: about the last 20 requests count.
+FAILURE_ALPHA = 0.1
 
 
 class Router:
@@ -40,12 +59,17 @@ class Router:
         health_interval_s: float,
         eject_after_failures: int,
         eject_for_s: float,
+        eject_failure_rate: float = 1.0,
+        retry_budget: RetryBudget | None = None,
+        max_ejection_percent: int = 50,
+        policy_for: Callable[[str], RoutingPolicy] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if health_interval_s <= 0 or eject_after_failures < 1 or eject_for_s < 0:
+        if (health_interval_s <= 0 or eject_after_failures < 1 or eject_for_s < 0
+                or not 0 <= max_ejection_percent <= 100):
             raise ValueError(
                 "Router: health_interval_s must be > 0, eject_after_failures >= 1, "
-                "eject_for_s >= 0"
+                "eject_for_s >= 0, 0 <= max_ejection_percent <= 100"
             )
         self._discovery = discovery
         self._prober = prober
@@ -53,12 +77,19 @@ class Router:
         self._interval = health_interval_s
         self._eject_after = eject_after_failures
         self._eject_for = eject_for_s
+        self._eject_rate = eject_failure_rate
+        self._max_eject = max_ejection_percent
+        self._policy_for = policy_for
+        self._policies: dict[str, RoutingPolicy] = {}
         self._clock = clock
+        self.retry_budget = retry_budget or RetryBudget(clock=clock)
         self._backends: dict[str, Backend] = {}
-        # model -> (backends that serve it, the RouteRequest for it); rebuilt off the hot path,
-        # read per request. Tuples: `pick` may hand a pool to the policy as is. The request is
-        # cached because building a frozen dataclass costs about 1 us, half of a whole pick.
-        self._pools: dict[str, tuple[tuple[Backend, ...], RouteRequest]] = {}
+        # model -> (backends that serve it, the RouteRequest for it, its policy); rebuilt off the
+        # hot path, read per request. Tuples: `pick` may hand a pool to the policy as is. The
+        # request is cached because building a frozen dataclass costs about 1 us, half of a whole
+        # pick (affinity policies get one per request from the caller instead).
+        self._pools: dict[str, tuple[tuple[Backend, ...], RouteRequest, RoutingPolicy]] = {}
+        self.panics: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
 
@@ -95,33 +126,80 @@ class Router:
 
     # -- per request (hot path: no awaits, no logging, at most one small list) -------------------
 
-    def pick(self, model: str, exclude: Collection[Backend] = ()) -> Backend | None:
+    def wants_affinity(self, model: str) -> bool:
+        """True if `model`'s policy routes by key or prefix: pass a RouteRequest to `pick`."""
+        entry = self._pools.get(model)
+        return entry is not None and entry[2].uses_affinity
+
+    def pick(
+        self, model: str, exclude: Collection[Backend] = (), request: RouteRequest | None = None
+    ) -> Backend | None:
         entry = self._pools.get(model)
         if entry is None:
             return None
-        pool, request = entry
+        pool, cached, policy = entry
         now = self._clock()
         # Common case, everything up and nothing excluded: hand over the pool without copying.
         for b in pool:
             if not b.available(now) or (exclude and b in exclude):
                 break
         else:
-            return self._policy.pick(pool, request)
+            return policy.pick(pool, request or cached)
         candidates = [b for b in pool if b.available(now) and b not in exclude]
-        return self._policy.pick(candidates, request)
+        if not candidates and not any(b.available(now) for b in pool):
+            # Panic: every backend is out; route to the ones only passive ejection holds back.
+            candidates = [b for b in pool if b.probe_ok and b not in exclude]
+            if candidates:
+                self.panics[model] = self.panics.get(model, 0) + 1
+        return policy.pick(candidates, request or cached)
 
     def report_success(self, b: Backend) -> None:
         b.failures = 0
+        b.failure_rate -= b.failure_rate * FAILURE_ALPHA
 
     def report_failure(self, b: Backend) -> None:
-        """Count one failed request; the Nth in a row ejects `b` for `eject_for_s` (see module)."""
+        """Count one failed request; the Nth in a row, or a failure rate at
+        `eject_failure_rate`, ejects `b` for `eject_for_s` (see module)."""
         b.failures += 1
+        b.failure_rate += (1.0 - b.failure_rate) * FAILURE_ALPHA
         if b.failures >= self._eject_after:
-            b.ejected_until = self._clock() + self._eject_for
-            # Readmitted with a clean slate: N more failures in a row eject it again.
-            b.failures = 0
-            log.warning("ejected %s for %ss after %d consecutive failures", b.url,
-                        self._eject_for, self._eject_after)
+            why = f"{self._eject_after} consecutive failures"
+        elif b.failure_rate >= self._eject_rate and self._others_available(b):
+            why = f"a failure rate of {b.failure_rate:.0%}"
+        else:
+            return
+        # Readmitted (or spared) with a clean slate: it has to fail again to be ejected again.
+        b.failures = 0
+        b.failure_rate = 0.0
+        now = self._clock()
+        full = self._ejection_cap_reached(b, now)
+        if full is not None:
+            log.warning("not ejecting %s: %d%% of pool %r is ejected already", b.url,
+                        self._max_eject, full)
+            return
+        b.ejected_until = now + self._eject_for
+        log.warning("ejected %s for %ss after %s", b.url, self._eject_for, why)
+
+    def _others_available(self, b: Backend) -> bool:
+        """Another backend available for some model `b` serves."""
+        now = self._clock()
+        return any(o is not b and o.available(now) and o.models & b.models
+                   for o in self._backends.values())
+
+    def _ejection_cap_reached(self, b: Backend, now: float) -> str | None:
+        """The first pool of `b` whose ejection share is used up, or None."""
+        for m in sorted(b.models):
+            entry = self._pools.get(m)
+            if entry is None:
+                continue
+            pool = entry[0]
+            allowed = len(pool) * self._max_eject // 100
+            if self._max_eject > 0:
+                allowed = max(allowed, 1)
+            ejected = sum(1 for x in pool if x is not b and now < x.ejected_until)
+            if ejected + 1 > allowed:
+                return m
+        return None
 
     # -- views -----------------------------------------------------------------------------------
 
@@ -129,8 +207,14 @@ class Router:
         """Models served by at least one available backend, sorted."""
         now = self._clock()
         return sorted(
-            m for m, (pool, _) in self._pools.items() if any(b.available(now) for b in pool)
+            m for m, (pool, _, _) in self._pools.items() if any(b.available(now) for b in pool)
         )
+
+    def replicas(self) -> dict[str, int]:
+        """Available backends per model (a multi-node replica counts once: only its leader is a
+        backend)."""
+        now = self._clock()
+        return {m: sum(1 for b in pool if b.available(now)) for m, (pool, _, _) in self._pools.items()}
 
     def knows_model(self, model: str) -> bool:
         """Served by some known backend, up or down: tells 503 (down) from 404 (no such model).
@@ -156,6 +240,22 @@ class Router:
         now = self._clock()
         return [(b.url, b.available(now), b.outstanding) for b in self._backends.values()]
 
+    def routing_stats(self) -> Iterator[tuple[str, int, int, dict[str, int], int, int, int]]:
+        """(pool, hits, misses, fallbacks, keys moved, entries, panics) for the metrics: pools
+        with an affinity policy or a panic so far."""
+        if self._policy_for is None:
+            policies: dict[str, RoutingPolicy] = {m: e[2] for m, e in self._pools.items()}
+        else:
+            policies = self._policies
+        for m in sorted(set(policies) | set(self.panics)):
+            p = policies.get(m)
+            panics = self.panics.get(m, 0)
+            if isinstance(p, PrefixAffinity):
+                st = p.stats
+                yield m, st.hits, st.misses, dict(st.fallbacks), st.keys_moved, p.entries, panics
+            elif panics:
+                yield m, 0, 0, {}, 0, 0, panics
+
     # -- background ------------------------------------------------------------------------------
 
     def _rebuild_pools(self) -> None:
@@ -163,8 +263,17 @@ class Router:
         for b in self._backends.values():
             for m in b.models:
                 pools.setdefault(m, []).append(b)
-        self._pools = {m: (tuple(bs), RouteRequest(m)) for m, bs in pools.items()}
+        self._pools = {m: (tuple(bs), RouteRequest(m), self._policy_of(m))
+                       for m, bs in pools.items()}
         self._changed.set()
+
+    def _policy_of(self, model: str) -> RoutingPolicy:
+        if self._policy_for is None:
+            return self._policy
+        policy = self._policies.get(model)
+        if policy is None:
+            policy = self._policies[model] = self._policy_for(model)
+        return policy
 
     async def set_backends(self, urls: frozenset[str]) -> None:
         """Apply a discovery update: new backends are probed at once, vanished ones dropped.
@@ -206,6 +315,9 @@ class Router:
             ok, models = False, None
         was = b.probe_ok
         b.probe_ok = ok and models is not None
+        if was and not b.probe_ok:
+            # Down: the engine may be restarting, and a restarted engine has an empty cache.
+            b.cache_life = CacheLife(b)
         if models is not None and frozenset(models) != b.models:
             b.models = frozenset(models)
             # At once, before any other task runs: a backend must never be available (ready)

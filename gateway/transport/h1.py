@@ -197,6 +197,7 @@ class _Pool:
         self.port = port
         self.loop = loop
         self.idle: deque[_Conn] = deque()
+        self.opened = 0  # connections this pool opened: with keep-alive, few per many requests
 
     def put(self, conn: _Conn) -> None:
         conn.deadline = None
@@ -223,6 +224,7 @@ class _Pool:
             raise UpstreamFailed(
                 f"upstream unreachable: {self.host}:{self.port}: {exc.strerror or exc}"
             ) from None
+        self.opened += 1
         return proto
 
     def close(self) -> None:
@@ -234,6 +236,10 @@ class H1Transport:
     def __init__(self, timeouts: Timeouts) -> None:
         self._timeouts = timeouts
         self._pools: dict[str, tuple[_Pool, bytes, str]] = {}
+
+    def connections_opened(self) -> int:
+        """Upstream connections opened so far (read at scrape time; pools live as long as this)."""
+        return sum(pool.opened for pool, _, _ in self._pools.values())
 
     def _pool(self, url: str) -> tuple[_Pool, bytes, str]:
         """(pool, Host header value, path) for a URL; pools are cached per origin."""

@@ -26,59 +26,88 @@ def promtool() -> str:
     return path
 
 
-def _buckets(selector: str, model: str, per_minute: dict[str, int]) -> list[dict[str, str]]:
+# Every scenario: a breach from 0 to 40 min, healthy from 41 min on. Each alert is silent at 1 min
+# (`for:` not elapsed), firing at 30 min, resolved at 110 min (its short window clean again).
+BAD_UNTIL = 40
+END = 120
+SILENT, FIRING, RESOLVED = "1m", "30m", "110m"
+
+
+def counter(bad: float, good: float) -> str:
+    """A counter growing `bad` per minute until BAD_UNTIL, then `good` per minute."""
+    top = BAD_UNTIL * bad
+    return f"0+{bad}x{BAD_UNTIL} {top + good}+{good}x{END - BAD_UNTIL - 1}"
+
+
+def gauge(bad: float, good: float) -> str:
+    return f"{bad}+0x{BAD_UNTIL} {good}+0x{END - BAD_UNTIL - 1}"
+
+
+def _buckets(selector: str, model: str, bad: dict[str, int], good: dict[str, int]
+             ) -> list[dict[str, str]]:
+    # prometheus_client writes le="2.0"; Prometheus 3 keeps that form. The rule matches both.
     return [
         {
             "series": f'llmserve_ttft_seconds_bucket{{{selector}, model="{model}", le="{le}"}}',
-            "values": f"0+{n}x30",
+            "values": counter(bad[le], good[le]),
         }
-        for le, n in per_minute.items()
+        for le in bad
+    ] + [
+        {
+            "series": f'llmserve_ttft_seconds_count{{{selector}, model="{model}"}}',
+            "values": counter(bad["+Inf"], good["+Inf"]),
+        }
     ]
 
 
+def _requests(selector: str, model: str, status: str, bad: int, good: int) -> dict[str, str]:
+    return {
+        "series": f'llmserve_requests_total{{{selector}, model="{model}", backend="b", '
+        f'status="{status}"}}',
+        "values": counter(bad, good),
+    }
+
+
+SLOW_TTFT = {"0.5": 0, "2.0": 0, "5.0": 60, "+Inf": 60}  # every first token between 2 and 5 s
+FAST_TTFT = {"0.5": 60, "2.0": 60, "5.0": 60, "+Inf": 60}
+MIXED_TTFT = {"0.5": 50, "2.0": 59, "5.0": 60, "+Inf": 60}  # 1 in 60 late: within the budget
+
 INPUT_SERIES = [
-    # TTFT: "slow" has every first token between 2 and 5 s (p95 = 4.85 s), "fast" under 0.5 s.
-    *_buckets(GW, "slow", {"0.5": 0, "2": 0, "5": 60, "+Inf": 60}),
-    *_buckets(GW, "fast", {"0.5": 60, "2": 60, "5": 60, "+Inf": 60}),
-    *_buckets(ELSEWHERE, "slow-elsewhere", {"0.5": 0, "2": 0, "5": 60, "+Inf": 60}),
-    # Errors: "slow" answers 10 % 5xx, "fast" 1 in 61.
-    {
-        "series": f'llmserve_requests_total{{{GW}, model="slow", backend="b", status="200"}}',
-        "values": "0+54x30",
-    },
-    {
-        "series": f'llmserve_requests_total{{{GW}, model="slow", backend="b", status="502"}}',
-        "values": "0+6x30",
-    },
-    {
-        "series": f'llmserve_requests_total{{{GW}, model="fast", backend="b", status="200"}}',
-        "values": "0+60x30",
-    },
-    {
-        "series": f'llmserve_requests_total{{{GW}, model="fast", backend="b", status="503"}}',
-        "values": "0+1x30",
-    },
-    {
-        "series": f'llmserve_requests_total{{{ELSEWHERE}, model="x", backend="b", status="500"}}',
-        "values": "0+60x30",
-    },
-    # Queues: one engine and one gateway saturated, one of each fine.
-    {
-        "series": f'vllm:num_requests_waiting{{{ENGINES}, pool="tp", pod="w-0"}}',
-        "values": "40+0x30",
-    },
-    {"series": f'vllm:num_requests_waiting{{{ENGINES}, pool="tp", pod="w-1"}}', "values": "3+0x30"},
-    {
-        "series": f'vllm:num_requests_waiting{{{ELSEWHERE}, pool="tp", pod="w-9"}}',
-        "values": "99+0x30",
-    },
-    {"series": f'llmserve_queue_depth{{{GW}, pod="gw-0"}}', "values": "200+0x30"},
-    {"series": f'llmserve_queue_depth{{{GW}, pod="gw-1"}}', "values": "5+0x30"},
-    # Backends: gw-0 has none up, gw-1 has one, gw-2 is up but knows none (a full outage: no
-    # llmserve_backend_up series at all).
-    {"series": f'llmserve_backend_up{{{GW}, pod="gw-0", backend="a"}}', "values": "0+0x30"},
-    {"series": f'llmserve_backend_up{{{GW}, pod="gw-1", backend="a"}}', "values": "1+0x30"},
-    *({"series": f'up{{{GW}, pod="{pod}"}}', "values": "1+0x30"} for pod in ("gw-0", "gw-1", "gw-2")),
+    # TTFT: "slow" blows its budget (burn 20x) until 40 min, "fast" never does, "mixed" burns 1/3.
+    *_buckets(GW, "slow", SLOW_TTFT, FAST_TTFT),
+    *_buckets(GW, "fast", FAST_TTFT, FAST_TTFT),
+    *_buckets(GW, "mixed", MIXED_TTFT, MIXED_TTFT),
+    *_buckets(ELSEWHERE, "slow-elsewhere", SLOW_TTFT, SLOW_TTFT),
+    # Errors: "slow" answers 10 % 5xx, then none; "fast" 1 in 61 throughout.
+    _requests(GW, "slow", "200", 54, 60),
+    _requests(GW, "slow", "502", 6, 0),
+    _requests(GW, "fast", "200", 60, 60),
+    _requests(GW, "fast", "503", 1, 1),
+    _requests(ELSEWHERE, "x", "500", 60, 60),
+    # Queues: one engine and one gateway saturated, then drained; one of each fine throughout.
+    {"series": f'vllm:num_requests_waiting{{{ENGINES}, pool="tp", pod="w-0"}}',
+     "values": gauge(40, 0)},
+    {"series": f'vllm:num_requests_waiting{{{ENGINES}, pool="tp", pod="w-1"}}',
+     "values": gauge(3, 3)},
+    {"series": f'vllm:num_requests_waiting{{{ELSEWHERE}, pool="tp", pod="w-9"}}',
+     "values": gauge(99, 99)},
+    {"series": f'llmserve_queue_depth{{{GW}, pod="gw-0"}}', "values": gauge(200, 0)},
+    {"series": f'llmserve_queue_depth{{{GW}, pod="gw-1"}}', "values": gauge(5, 5)},
+    # KV cache: w-0 near full, then relieved; w-1 comfortable; someone else's engine full.
+    {"series": f'vllm:kv_cache_usage_perc{{{ENGINES}, pool="tp", pod="w-0"}}',
+     "values": gauge(0.97, 0.5)},
+    {"series": f'vllm:kv_cache_usage_perc{{{ENGINES}, pool="tp", pod="w-1"}}',
+     "values": gauge(0.6, 0.6)},
+    {"series": f'vllm:kv_cache_usage_perc{{{ELSEWHERE}, pool="tp", pod="w-9"}}',
+     "values": gauge(1.0, 1.0)},
+    # Backends: gw-0 has none up, then one; gw-1 always one; gw-2 is up but knows none (a full
+    # outage: no llmserve_backend_up series at all) until its backend appears at 41 min.
+    {"series": f'llmserve_backend_up{{{GW}, pod="gw-0", backend="a"}}', "values": gauge(0, 1)},
+    {"series": f'llmserve_backend_up{{{GW}, pod="gw-1", backend="a"}}', "values": gauge(1, 1)},
+    {"series": f'llmserve_backend_up{{{GW}, pod="gw-2", backend="a"}}',
+     "values": f"_x{BAD_UNTIL + 1} 1+0x{END - BAD_UNTIL - 1}"},
+    *({"series": f'up{{{GW}, pod="{pod}"}}', "values": f"1+0x{END}"}
+      for pod in ("gw-0", "gw-1", "gw-2")),
 ]
 
 
@@ -94,13 +123,25 @@ def _alert(name: str, labels: dict[str, str], summary: str, description: str) ->
     }
 
 
+TTFT_DESCRIPTION = (
+    "Too many streams wait longer than 2s for their first token. Look at engine queueing "
+    "(vllm:num_requests_waiting) and KV-cache usage; add replicas to the pool."
+)
+
 EXPECTED = [
     _alert(
-        "LLMServeTTFTP95High",
+        "LLMServeTTFTBudgetBurnFast",
+        {"model": "slow", "severity": "critical"},
+        "slow burns its TTFT error budget 20.0x over 1h, still over 14.4x in the last 5m "
+        "(SLO: 95% of streams within 2s)",
+        TTFT_DESCRIPTION,
+    ),
+    _alert(
+        "LLMServeTTFTBudgetBurnSlow",
         {"model": "slow", "severity": "warning"},
-        "TTFT p95 of slow is 4.85s (SLO 2s)",
-        "Time to first token seen by the gateway, p95 over 5m. Look at engine queueing "
-        "(vllm:num_requests_waiting) and KV-cache usage; add replicas to the pool.",
+        "slow burns its TTFT error budget 20.0x over 6h, still over 6x in the last 30m "
+        "(SLO: 95% of streams within 2s)",
+        TTFT_DESCRIPTION,
     ),
     _alert(
         "LLMServeErrorRateHigh",
@@ -121,6 +162,13 @@ EXPECTED = [
         {"pod": "gw-0", "severity": "warning"},
         "Gateway gw-0 holds 200 queued requests",
         "Requests wait in the gateway's admission queue above 128: every replica is busy.",
+    ),
+    _alert(
+        "LLMServeKVCacheNearFull",
+        {"pool": "tp", "pod": "w-0", "severity": "warning"},
+        "w-0 (tp) has 97% of its KV cache in use",
+        "Above 95% the scheduler preempts running requests (vllm:num_preemptions_total) and TTFT "
+        "grows. Scale the pool, or lower max-num-seqs / max-model-len.",
     ),
     {
         "alertname": "LLMServeNoHealthyBackend",
@@ -156,14 +204,16 @@ def test_rules_pass_promtool_check(render_case: Any, tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 5 rules found" in done.stdout
+    assert f"SUCCESS: {len(EXPECTED)} rules found" in done.stdout
 
 
-def test_slo_alerts_fire_on_breaches_only(render_case: Any, tmp_path: Path) -> None:
+def test_slo_alerts_fire_on_breaches_only_and_resolve(render_case: Any, tmp_path: Path) -> None:
     rules = _write_rules(render_case, tmp_path)
-    silent_early = [
-        {"eval_time": "3m", "alertname": a["alertname"], "exp_alerts": []} for a in EXPECTED
-    ]  # `for:` not yet elapsed
+    silent = [
+        {"eval_time": at, "alertname": a["alertname"], "exp_alerts": []}
+        for at in (SILENT, RESOLVED)  # `for:` not yet elapsed; the breach is over
+        for a in EXPECTED
+    ]
     tests = {
         "rule_files": [rules.name],
         "evaluation_interval": "1m",
@@ -171,7 +221,7 @@ def test_slo_alerts_fire_on_breaches_only(render_case: Any, tmp_path: Path) -> N
             {
                 "interval": "1m",
                 "input_series": INPUT_SERIES,
-                "alert_rule_test": [*silent_early, *({"eval_time": "20m", **a} for a in EXPECTED)],
+                "alert_rule_test": [*silent, *({"eval_time": FIRING, **a} for a in EXPECTED)],
             }
         ],
     }
@@ -186,3 +236,11 @@ def test_slo_alerts_fire_on_breaches_only(render_case: Any, tmp_path: Path) -> N
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_slo_threshold_choices_are_the_gateways_bucket_bounds() -> None:
+    # The burn rate reads the bucket at the SLO threshold: the schema may only offer real bounds.
+    from deploy.helm.values_schema import TTFT_BUCKETS
+    from gateway.metrics import _TTFT_BUCKETS
+
+    assert TTFT_BUCKETS == _TTFT_BUCKETS

@@ -181,3 +181,13 @@ def test_rendered_gateway_env_is_valid_gateway_settings(
     assert settings.discovery == release.values.get("gateway", {}).get("discovery", "kubernetes")
     if settings.discovery == "kubernetes":
         assert (settings.k8s_namespace, settings.k8s_port) == (NAMESPACE, 8000)
+    # Every pool's layout, as the pool renders it (llmserve_pool_info).
+    pools = [p for p in release.pods() if p.role in ("single", "leader")]
+    for layout in settings.pools:
+        serving = [p for p in pools if p.metadata.get("labels", {}).get("llmserve.io/pool") == layout.name]
+        assert serving, f"GATEWAY_POOLS names {layout.name}, which has no serving pod"
+        w = env_of(serving[0].container("worker"))
+        assert w["WORKER_SERVED_MODEL_NAME"] == layout.model
+        assert int(w["WORKER_TENSOR_PARALLEL_SIZE"]) == layout.tp
+        assert int(w["WORKER_PIPELINE_PARALLEL_SIZE"]) == layout.pp
+    assert len(settings.pools) == len(release.values.get("models") or [])

@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import logging
+import time
+
+import httpx
 import orjson
 import pytest
 
-from gateway.errors import Unavailable, normalize_upstream_error
+from gateway.errors import RateLimitedLog, Unavailable, normalize_upstream_error
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 
 def shape(body: bytes) -> dict[str, object]:
@@ -20,7 +25,7 @@ def shape(body: bytes) -> dict[str, object]:
         (b'{"error": {"message": "bad", "type": "BadRequestError", "param": null, "code": 400}}',
          "bad"),
         (b'{"object": "error", "message": "old", "type": "BadRequestError", "code": 400}', "old"),
-        (b"Internal Server Error", "Internal Server Error"),
+        (b"<html><body>nginx at 10.0.0.7</body></html>", "upstream returned HTTP 500"),
         (b"", "upstream returned HTTP 500"),
     ],
 )
@@ -37,3 +42,42 @@ def test_integer_codes_become_strings() -> None:
 def test_retry_after_is_whole_seconds_and_never_zero() -> None:
     assert (b"retry-after", b"1") in Unavailable("x", retry_after=0.2).headers()
     assert (b"retry-after", b"3") in Unavailable("x", retry_after=2.6).headers()
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "allow"), [
+    ("GET", "/nope", None, 404, None),
+    ("GET", "/v1/chat/completions", None, 405, "POST"),
+    ("DELETE", "/v1/completions", None, 405, "POST"),
+    ("POST", "/health", b"{}", 405, "GET"),
+    ("PUT", "/v1/models", b"{}", 405, "GET"),
+    ("POST", "/v1/chat/completions", b"{not json", 400, None),
+    ("POST", "/v1/completions", b'{"model": "nope", "prompt": "hi"}', 404, None),
+    ("POST", "/v1/completions", b"x" * 5000, 413, None),
+])
+def test_every_error_the_gateway_writes_is_openai_json(
+    upstreams: UpstreamFactory, method: str, path: str, body: bytes | None, status: int,
+    allow: str | None,
+) -> None:
+    up = upstreams()
+    with run_gateway(backends=[url_of(up)], max_body_bytes=4096) as gw:
+        r = httpx.request(method, gw.url + path, content=body)
+        assert r.status_code == status
+        assert r.headers["content-type"] == "application/json"
+        err = shape(r.content)
+        assert err["message"]
+        if allow is not None:
+            assert allow in r.headers["allow"]
+            assert err["code"] == "method_not_allowed" and method in str(err["message"])
+
+
+def test_rate_limited_log_keeps_a_burst_then_counts_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    limited = RateLimitedLog(logging.getLogger("test.ratelimit"), interval_s=0.2, burst=3)
+    with caplog.at_level(logging.WARNING, "test.ratelimit"):
+        for i in range(100):
+            limited.warning("bad request %d", i)
+        assert len(caplog.records) == 3 and limited.suppressed == 97
+        time.sleep(0.25)
+        limited.warning("bad request %d", 100)
+    assert caplog.records[-1].getMessage() == "bad request 100 (97 similar line(s) suppressed)"

@@ -4,16 +4,22 @@ drains in-flight streams."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
+import orjson
+import pytest
 import uvicorn
 
+from bench.fake_upstream import FakeUpstream
 from gateway.app import build_app
 from gateway.server import _DrainingServer
 from gateway.settings import GatewaySettings
@@ -30,12 +36,14 @@ def test_bad_setting_is_one_line_naming_it() -> None:
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_sigterm_lets_the_inflight_stream_finish_then_exits(upstreams: UpstreamFactory) -> None:
-    up = upstreams(token_delay_s=0.02)
+@contextlib.contextmanager
+def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`python -m gateway` in front of `up`, ready (its backend probed up); killed at exit.
+    stderr is a pipe: read it after the process ended."""
     port = free_port()
     gw = subprocess.Popen([sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port",
                            str(port), "--backend", url_of(up), "--health-interval-s", "0.2",
-                           "--drain-timeout-s", "10"],
+                           *flags],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -47,6 +55,36 @@ def test_sigterm_lets_the_inflight_stream_finish_then_exits(upstreams: UpstreamF
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
+        yield gw, url
+    finally:
+        if gw.poll() is None:
+            gw.kill()
+            gw.wait()
+        assert gw.stderr is not None
+        gw.stderr.close()
+
+
+@pytest.mark.parametrize("content", [None, "dir", b"{not json", b'{"keys": [{"tenant": 1}]}',
+                                     b"\xff\xfe"])
+def test_bad_keys_file_is_one_line_and_a_nonzero_exit(tmp_path: Path,
+                                                      content: bytes | str | None) -> None:
+    path = tmp_path / "keys.json"
+    if content == "dir":
+        path.mkdir()  # unreadable as a file, even for root (a chmod 000 file is not)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--port", str(free_port()),
+                           "--api-keys-file", str(path)],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "GATEWAY_API_KEYS_FILE" in lines[0], proc.stderr
+
+
+def test_sigterm_lets_the_inflight_stream_finish_then_exits(upstreams: UpstreamFactory) -> None:
+    up = upstreams(token_delay_s=0.02)
+    with gateway_process(up, "--drain-timeout-s", "10") as (gw, url):
         result: dict[str, str] = {}
 
         def stream() -> None:
@@ -64,12 +102,61 @@ def test_sigterm_lets_the_inflight_stream_finish_then_exits(upstreams: UpstreamF
         # uvicorn re-raises the signal once it has shut down gracefully: the exit status says
         # "terminated by SIGTERM", as Kubernetes expects, but only after the drain.
         assert gw.wait(15) in (0, -signal.SIGTERM)
-    finally:
-        if gw.poll() is None:
-            gw.kill()
-            gw.wait()
+
+
+def test_drain_expiry_ends_each_open_stream_with_one_error_event(
+    upstreams: UpstreamFactory,
+) -> None:
+    """Streams still open when the drain timeout expires each get one in-band error event and a
+    proper end (no [DONE], no cut connection), a whole answer still pending gets a 503, and
+    nothing is logged as a traceback."""
+    up = upstreams(token_delay_s=0.05)  # 400 tokens: 20 s, far past the 1 s drain
+    with gateway_process(up, "--drain-timeout-s", "1") as (gw, url):
+        results: list[str | BaseException] = []
+
+        def stream() -> None:
+            try:
+                with httpx.stream("POST", url + "/v1/chat/completions", timeout=30, json={
+                        "model": "demo", "stream": True, "max_tokens": 400,
+                        "messages": [{"role": "user", "content": "hi"}]}) as r:
+                    results.append(r.read().decode())
+            except httpx.HTTPError as exc:  # a cut stream: what the fix prevents
+                results.append(exc)
+
+        whole: list[httpx.Response | BaseException] = []
+
+        def unanswered() -> None:
+            try:
+                whole.append(httpx.post(url + "/v1/completions", timeout=30, json={
+                    "model": "demo", "prompt": "hi", "max_tokens": 400}))
+            except httpx.HTTPError as exc:
+                whole.append(exc)
+
+        threads = [threading.Thread(target=stream) for _ in range(3)]
+        threads.append(threading.Thread(target=unanswered))
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # all three are streaming
+        os.kill(gw.pid, signal.SIGTERM)
+        for t in threads:
+            t.join(15)
+        assert gw.wait(15) in (0, -signal.SIGTERM)
         assert gw.stderr is not None
-        gw.stderr.close()
+        log = gw.stderr.read()
+    assert len(results) == 3
+    for text in results:
+        assert isinstance(text, str), f"stream cut without an in-band error: {text!r}"
+        events = [e for e in text.split("\n\n") if e.strip()]
+        assert "[DONE]" not in text
+        errors = [e for e in events if '"error"' in e]
+        assert errors == [events[-1]], events[-3:]
+        assert orjson.loads(errors[0].removeprefix("data: "))["error"]["code"] == "shutting_down"
+        assert len(events) > 3  # it was cut mid-stream, not refused
+    [answer] = whole
+    assert isinstance(answer, httpx.Response), f"no answer: {answer!r}"
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "shutting_down"
+    assert "Traceback" not in log and "Cancel" not in log, log
+    assert "ending 4 open request(s)" in log
 
 
 async def test_ready_turns_unready_when_the_drain_starts(upstreams: UpstreamFactory) -> None:

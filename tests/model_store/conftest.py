@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import boto3
 import pytest
 
 from model_store.hashing import manifest_of
 from model_store.marker import MARKER_NAME, read_marker
 from tests.conftest import S3Env
+from tests.s3server import Counter, moto_server
 
 MiB = 1 << 20
 PART = "5MiB"  # S3's minimum: many parts from a small model
@@ -52,6 +55,30 @@ def push_model(s3: S3Env, tmp_path: Path) -> Callable[..., Pushed]:
         return Pushed(local, url, bucket, prefix)
 
     return push
+
+
+@dataclass(frozen=True)
+class Credentials:
+    key: str
+    secret: str
+
+
+@contextmanager
+def authenticating_s3(tmp_path: Path) -> Iterator[tuple[S3Env, dict[str, Credentials]]]:
+    """A moto server that authenticates every request after its setup (a bucket "models", an IAM
+    user without any policy), and two sets of bad credentials: a key it never issued
+    ("unknown", refused as InvalidAccessKeyId) and a real key without rights ("no_rights",
+    AccessDenied), as AWS S3 and MinIO answer them."""
+    # The first three requests go unauthenticated: create_user, create_access_key, create_bucket.
+    with moto_server(tmp_path / "auth.log", {"INITIAL_NO_AUTH_ACTION_COUNT": "3"}) as endpoint:
+        env = S3Env(endpoint, endpoint, Counter())
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
+                           aws_access_key_id="setup", aws_secret_access_key="setup")
+        iam.create_user(UserName="nobody")
+        issued = iam.create_access_key(UserName="nobody")["AccessKey"]
+        env.client().create_bucket(Bucket="models")
+        yield env, {"unknown": Credentials("AKIANOTAREALKEY00000", "wrong"),
+                    "no_rights": Credentials(issued["AccessKeyId"], issued["SecretAccessKey"])}
 
 
 def assert_same_model(dest: Path, local: Path) -> None:

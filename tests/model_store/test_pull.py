@@ -15,10 +15,10 @@ from tests.model_store.conftest import (
     Pushed,
     assert_nothing_left,
     assert_same_model,
+    authenticating_s3,
     one_line_error,
 )
 from tests.ports import free_port
-from tests.s3server import Counter, moto_server
 
 pytestmark = pytest.mark.s3
 
@@ -108,17 +108,17 @@ def test_missing_prefix(s3: S3Env, tmp_path: Path) -> None:
     assert_nothing_left(dest)
 
 
-def test_bad_credentials(tmp_path: Path) -> None:
-    # moto authenticates every request when INITIAL_NO_AUTH_ACTION_COUNT=0: an access key it has
-    # never issued is refused with InvalidAccessKeyId, as AWS S3 and MinIO do.
+@pytest.mark.parametrize("who", ["unknown", "no_rights"])
+def test_bad_credentials(tmp_path: Path, who: str) -> None:
     dest = tmp_path / "m"
-    with moto_server(tmp_path / "auth.log", {"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
-        proc = S3Env(endpoint, endpoint, Counter()).cli(
-            "pull", "s3://models/m/main", dest, timeout=60,
-            AWS_ACCESS_KEY_ID="AKIANOTAREALKEY00000", AWS_SECRET_ACCESS_KEY="wrong",
-        )
+    with authenticating_s3(tmp_path) as (env, creds):
+        proc = env.cli("pull", "s3://models/m/main", dest, timeout=60,
+                       AWS_ACCESS_KEY_ID=creds[who].key, AWS_SECRET_ACCESS_KEY=creds[who].secret)
     assert proc.returncode == 1
-    one_line_error(proc.stderr, "rejected the credentials (InvalidAccessKeyId)", "AWS_ACCESS_KEY_ID")
+    one_line_error(proc.stderr, env.endpoint, "'models'", "AWS_ACCESS_KEY_ID",
+                   "MODEL_STORE_ENDPOINT_URL")
+    if who == "unknown":
+        assert "rejected the credentials (InvalidAccessKeyId)" in proc.stderr
     assert_nothing_left(dest)
 
 

@@ -16,7 +16,14 @@ from model_store.push import push
 from model_store.s3url import S3Url
 from model_store.settings import StoreSettings
 from tests.conftest import S3Env
-from tests.model_store.conftest import PART, MiB, Pushed, one_line_error, write_model
+from tests.model_store.conftest import (
+    PART,
+    MiB,
+    Pushed,
+    authenticating_s3,
+    one_line_error,
+    write_model,
+)
 from tests.s3server import client_env
 
 pytestmark = pytest.mark.s3
@@ -102,3 +109,17 @@ def test_failed_part_aborts_multipart_uploads_and_writes_no_manifest(
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert f"m/{MANIFEST_NAME}" not in keys
+
+
+@pytest.mark.parametrize("who", ["unknown", "no_rights"])
+def test_bad_credentials_name_the_endpoint_the_bucket_and_the_setting(
+    tmp_path: Path, who: str
+) -> None:
+    local = write_model(tmp_path / "m", {"a.bin": 1000})
+    with authenticating_s3(tmp_path) as (env, creds):
+        proc = env.cli("push", local, "s3://models/m/main", timeout=60,
+                       AWS_ACCESS_KEY_ID=creds[who].key, AWS_SECRET_ACCESS_KEY=creds[who].secret)
+    assert proc.returncode == 1
+    one_line_error(proc.stderr, env.endpoint, "'models'", "AWS_ACCESS_KEY_ID",
+                   "MODEL_STORE_ENDPOINT_URL")
+

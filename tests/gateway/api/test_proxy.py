@@ -3,13 +3,16 @@ timeouts, disconnects. Real HTTP on loopback at every hop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import socket
 import time
 
 import httpx
 import pytest
 
+from bench.fake_upstream import start_in_thread
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -45,6 +48,32 @@ def test_non_stream_and_completions(upstreams: UpstreamFactory) -> None:
                                                           "max_tokens": 3})
         assert r.json()["choices"][0]["text"] == " tok" * 3
         assert r.headers["x-request-id"]
+
+
+@pytest.mark.parametrize("usage", [
+    '"abc"', '{"prompt_tokens": "abc", "completion_tokens": 5}',
+    '{"prompt_tokens": -5, "completion_tokens": 5}', '{"prompt_tokens": 5}', "null",
+])
+def test_malformed_upstream_usage_is_unknown_not_an_error(
+    upstreams: UpstreamFactory, usage: str
+) -> None:
+    """The answer completes untouched; its tokens are not counted; a warning counter says so."""
+    up = upstreams(usage_json=usage)
+    with run_gateway(backends=[url_of(up)]) as gw:
+        for extra in ({"stream": True, "stream_options": {"include_usage": True}},
+                      {"stream": True}, {}):
+            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, **extra})
+            assert r.status_code == 200, r.text
+            if extra:
+                evs = events(r.text)
+                assert evs[-1] == "data: [DONE]" and not any('"error"' in e for e in evs)
+                assert sum(" tok" in e for e in evs) == 5
+            else:
+                assert r.json()["choices"][0]["message"]["content"] == " tok" * 5
+        assert gw.metric("llmserve_upstream_usage_invalid_total") == 3
+        assert gw.metric("llmserve_input_tokens_total") == 0
+        assert gw.metric("llmserve_output_tokens_total") == 0
+        assert gw.metric("llmserve_requests_total") == 3  # every one a 200, counted once
 
 
 def test_models_is_the_union_of_replicas(upstreams: UpstreamFactory) -> None:
@@ -86,6 +115,38 @@ def test_upstream_5xx_everywhere_is_502_in_openai_shape(upstreams: UpstreamFacto
     with run_gateway(backends=[url_of(a), url_of(b)], retries=1) as gw:
         r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
+
+
+HTML = "<html><body><h1>502 Bad Gateway</h1>nginx at 10.1.2.3:8000</body></html>"
+
+
+@pytest.mark.parametrize("case", ["unreachable", "html_5xx", "html_4xx", "cut"])
+def test_failures_show_no_internal_address_or_upstream_body_but_log_them(
+    upstreams: UpstreamFactory, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    """What a client reads names no replica and relays no upstream page; the log has both,
+    under the response's x-request-id."""
+    stack = contextlib.ExitStack()
+    if case == "unreachable":  # probed up, then gone: connection refused
+        up = stack.enter_context(start_in_thread())
+    else:
+        up = upstreams(fail_status={"html_5xx": 503, "html_4xx": 400}.get(case, 0),
+                       fail_body=HTML, drop_after=3 if case == "cut" else -1)
+    backend = url_of(up)
+    with caplog.at_level(logging.WARNING), run_gateway(backends=[backend], retries=0) as gw:
+        stack.close()
+        r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": case == "cut"})
+    rid = r.headers["x-request-id"]
+    body = r.text
+    port = backend.rsplit(":", 1)[1]
+    assert "127.0.0.1" not in body and port not in body and "nginx" not in body and "<" not in body
+    if case == "cut":
+        assert r.status_code == 200 and '"upstream_error"' in events(body)[-1]
+    else:
+        assert r.status_code == {"html_4xx": 400}.get(case, 502)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    logged = [rec.getMessage() for rec in caplog.records if rid in rec.getMessage()]
+    assert logged and ("nginx" in logged[0] or port in logged[0] or "replica" in logged[0])
 
 
 def test_upstream_4xx_passes_through_in_openai_shape(upstreams: UpstreamFactory) -> None:
@@ -170,3 +231,85 @@ def test_client_disconnect_mid_stream_closes_the_upstream(upstreams: UpstreamFac
         while up.aborted == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert up.aborted == 1
+
+
+def test_terminator_after_done_in_a_later_read_keeps_the_upstream_connection(
+    upstreams: UpstreamFactory,
+) -> None:
+    """uvicorn answers receive() with http.disconnect once a response is complete; the
+    disconnect watcher must not take that for a hang-up and abort the upstream connection while
+    the proxy still reads the chunked terminator that came after [DONE]."""
+    up = upstreams(end_delay_s=0.05)
+    with run_gateway(backends=[url_of(up)]) as gw, httpx.Client() as c:
+        body = {**CHAT, "stream": True}
+        assert c.post(gw.url + "/v1/chat/completions", json=body).status_code == 200
+        time.sleep(0.1)  # the terminator came and the connection is back in the pool
+        opened = up.opened
+        for _ in range(10):
+            r = c.post(gw.url + "/v1/chat/completions", json=body)
+            assert events(r.text)[-1] == "data: [DONE]"
+            time.sleep(0.1)
+        assert up.opened - opened <= 1, "a connection per stream: keep-alive was aborted"
+        assert up.aborted == 0
+        # The gateway's own count agrees (probes and the first request opened the rest).
+        assert gw.metric("llmserve_upstream_connections_opened_total") == up.opened
+
+
+@pytest.mark.parametrize(("events_per_write", "usage"), [(1, False), (1, True), (16, False)])
+def test_itl_and_tpot_follow_vllm_bench_serve(
+    upstreams: UpstreamFactory, events_per_write: int, usage: bool
+) -> None:
+    # vllm bench serve: ITL is one gap per event with choices after the first (the role event
+    # counts), none for the usage-only event or [DONE]; TPOT = (E2E - TTFT) / (tokens - 1).
+    # Several events per write come with no delay between them: all but the first gap are 0.
+    up = upstreams(token_delay_s=0.02 if events_per_write == 1 else 0.0,
+                   events_per_write=events_per_write)
+    body = {**CHAT, "stream": True, **({"stream_options": {"include_usage": True}} if usage else {})}
+    with run_gateway(backends=[url_of(up)]) as gw:
+        for _ in range(3):
+            r = httpx.post(gw.url + "/v1/chat/completions", json=body)
+            with_choices = [e for e in events(r.text) if '"choices":[{' in e.replace(" ", "")]
+            assert len(with_choices) == 7  # role + 5 tokens + finish
+        assert gw.metric("llmserve_itl_seconds_count") == 3 * 6
+        assert gw.metric('llmserve_itl_seconds_bucket{le="+Inf",model="demo"}') == 3 * 6
+        assert gw.metric("llmserve_tpot_seconds_count") == 3
+        e2e = gw.metric("llmserve_e2e_request_latency_seconds_sum")
+        ttft = gw.metric("llmserve_ttft_seconds_sum")
+        assert gw.metric("llmserve_tpot_seconds_sum") == pytest.approx((e2e - ttft) / 4, rel=1e-6)
+        itl = gw.metric("llmserve_itl_seconds_sum")
+        if events_per_write == 1:
+            # Six 20 ms sleeps between the first and the last event with choices, per stream.
+            assert 3 * 6 * 0.02 <= itl < 3 * 6 * 0.02 + 0.5
+        else:
+            # Events that arrive together: every gap is (about) zero.
+            assert itl < 0.05
+
+
+def test_prefix_affinity_keeps_a_conversation_and_a_session_key_on_one_replica(
+    upstreams: UpstreamFactory,
+) -> None:
+    ups = [upstreams(), upstreams()]
+    with run_gateway(backends=[url_of(u) for u in ups],
+                     routing_policy="prefix_affinity") as gw:
+        for conv in range(6):
+            messages = [{"role": "system", "content": f"conversation {conv} " * 100}]
+            before = [u.completions for u in ups]
+            for turn in range(3):
+                messages.append({"role": "user", "content": f"turn {turn}"})
+                r = httpx.post(gw.url + "/v1/chat/completions",
+                               json={**CHAT, "messages": messages})
+                assert r.status_code == 200
+                messages.append({"role": "assistant", "content": "fine " * 30})
+            served = [u.completions - b for u, b in zip(ups, before, strict=True)]
+            assert sorted(served) == [0, 3], served  # all three turns on one replica
+        for key in ("alice", "bob", "carol"):  # explicit keys: the header, then `user`
+            before = [u.completions for u in ups]
+            for i in range(3):
+                r = httpx.post(gw.url + "/v1/chat/completions", headers={"x-session-id": key},
+                               json={**CHAT, "messages": [{"role": "user", "content": str(i)}]})
+                r2 = httpx.post(gw.url + "/v1/completions",
+                                json={"model": "demo", "prompt": "x" * i, "user": key + "!"})
+                assert r.status_code == r2.status_code == 200
+            served = [u.completions - b for u, b in zip(ups, before, strict=True)]
+            assert sorted(served) in ([0, 6], [3, 3]), served
+        assert gw.metric("llmserve_affinity_hits_total") >= 6 * 2 + 3 * 2 * 2

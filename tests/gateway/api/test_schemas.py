@@ -38,6 +38,10 @@ def test_include_usage_is_read() -> None:
         (f'{{"model": "m", "messages": {MSG}, "max_tokens": "10"}}', "max_tokens"),
         (f'{{"model": "m", "messages": {MSG}, "max_tokens": 0}}', "max_tokens"),
         (f'{{"model": "m", "messages": {MSG}, "max_tokens": true}}', "max_tokens"),
+        (f'{{"model": "m", "messages": {MSG}, "max_tokens": 5.5}}', "max_tokens"),
+        # Past uint64 the parser reads a float: out of the integer range, not a count.
+        (f'{{"model": "m", "messages": {MSG}, "max_tokens": 18446744073709551616}}',
+         "max_tokens"),
         (f'{{"model": "m", "messages": {MSG}, "temperature": 3}}', "temperature"),
         (f'{{"model": "m", "messages": {MSG}, "stream_options": {{"include_usage": true}}}}',
          "stream_options"),
@@ -54,7 +58,7 @@ def test_malformed_bodies(raw: str) -> None:
     assert bad(raw).status == 400
 
 
-@pytest.mark.parametrize("prompt", ['"x"', '["a", "b"]', "[1, 2]", "[[1], [2, 3]]"])
+@pytest.mark.parametrize("prompt", ['"x"', '["a", "b"]', "[1, 2]", "[[1], [2, 3]]", "[1.0, 2]"])
 def test_completion_prompt_forms(prompt: str) -> None:
     assert parse_request(f'{{"model": "m", "prompt": {prompt}}}'.encode(), "completion").model == "m"
 
@@ -62,3 +66,9 @@ def test_completion_prompt_forms(prompt: str) -> None:
 @pytest.mark.parametrize("prompt", ["3", "[]", '["a", 1]', "[[]]", "null"])
 def test_bad_completion_prompts(prompt: str) -> None:
     assert bad(f'{{"model": "m", "prompt": {prompt}}}', "completion").param == "prompt"
+
+
+def test_an_integral_float_is_an_integer() -> None:
+    """As in JSON Schema and in the engine's own (pydantic, lax) validation."""
+    assert parse_request(f'{{"model": "m", "messages": {MSG}, "max_tokens": 5.0}}'.encode(),
+                         "chat").body["max_tokens"] == 5.0

@@ -69,3 +69,15 @@ def test_null_usage_field_is_not_parsed_as_usage() -> None:
     chunk = event({"choices": [{"index": 0, "delta": {"content": "x"}}], "usage": None})
     assert r.feed(chunk) == chunk
     assert r.completion_tokens == 0
+
+
+def test_malformed_usage_is_unknown_and_still_stripped() -> None:
+    r = SseRelay(strip_usage=True)
+    bad = event({"choices": [], "usage": {"prompt_tokens": "abc", "completion_tokens": -1}})
+    assert r.feed(FINISH + bad + DONE) == FINISH + DONE
+    assert not r.usage_known and (r.prompt_tokens, r.completion_tokens) == (0, 0)
+    r = SseRelay(strip_usage=True)
+    r.feed(USAGE)
+    assert r.usage_known
+    r.feed(bad)  # a later malformed total makes the earlier one untrustworthy too
+    assert not r.usage_known

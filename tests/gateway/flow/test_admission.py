@@ -243,3 +243,34 @@ async def test_first_request_after_an_idle_spell_meets_a_decayed_limit() -> None
     clock.advance(10 * 0.8 * 2 + 0.1)  # two idle spells of 10 targets (0.8 s: 1.0 - 0.2 queue)
     assert pool.try_acquire()
     assert pool.limiter.limit == 8
+
+
+async def test_pushing_out_a_request_that_is_leaving_anyway_does_not_fail_the_newcomer() -> None:
+    """A queued request whose client just went away (or whose deadline just fired) has its future
+    cancelled a loop step before its own cleanup takes it out of the queue. Chosen in that step
+    as the one to push out, it must not be answered again: InvalidStateError failed the
+    newcomer (a 500 through the proxy)."""
+    clock = FakeClock()
+    adm, _ = admission(clock, max_queue=2, queue_timeout_s=0.5)
+    pool = adm.pool("demo")
+    a = adm.tenants.for_key(ApiKey("a", b"a" * 32))
+    b = adm.tenants.for_key(ApiKey("b", b"b" * 32))
+    pace(pool, clock, 1000.0)
+    assert pool.try_acquire(a.name) and pool.try_acquire(b.name)  # a share each: b must queue
+    older = asyncio.create_task(pool.acquire(a, 1))
+    newest = asyncio.create_task(pool.acquire(a, 1))
+    await asyncio.sleep(0)
+    assert len(pool.queue) == 2
+    newcomer = asyncio.create_task(pool.acquire(b, 1))  # runs first in the next step ...
+    newest.cancel()  # ... and finds a's newest cancelled but not yet out of the queue
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not newcomer.done(), newcomer.exception()  # queued, waiting for a slot
+    assert newest.cancelled() and not older.done()
+    assert len(pool.queue) == 2  # the newcomer and a's older request
+    pool.release(a.name)  # a slot frees: the queue serves b's newcomer (its tenant's turn) or a's
+    await asyncio.sleep(0)
+    assert newcomer.done() or older.done()
+    for t in (older, newcomer):
+        t.cancel()
+    await asyncio.gather(older, newcomer, return_exceptions=True)

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -152,3 +153,63 @@ async def test_slow_reader_memory_is_bounded(upstreams: UpstreamFactory) -> None
     finally:
         gw.terminate()
         await asyncio.wait_for(gw.wait(), 10)
+
+
+async def test_a_request_pushed_out_of_the_queue_is_answered_at_once(
+    upstreams: UpstreamFactory, tmp_path: Path
+) -> None:
+    """When a full queue makes room for a fairer newcomer, the request pushed out hears its 503
+    right then, not at its queue deadline (3 s here)."""
+    up = upstreams(tokens=100, token_delay_s=0.05)  # 5 s streams hold the two slots
+    flow = {"initial_limit": 2, "min_limit": 1, "max_limit": 2, "max_queue": 2,
+            "queue_timeout_s": 3.0, "ttft_target_s": 4.0, "scrape_engines": False}
+    with run_gateway(backends=[url_of(up)], api_keys_file=keys(tmp_path), flow=flow) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            def send(key: str) -> asyncio.Task[httpx.Response]:
+                return asyncio.create_task(c.post("/v1/completions", headers=auth(key),
+                                                  json={**BODY, "stream": True,
+                                                        "max_tokens": 100}))
+
+            async def until(cond: str, check: Callable[[], bool]) -> None:
+                deadline = time.monotonic() + 5
+                while not check():
+                    assert time.monotonic() < deadline, cond
+                    await asyncio.sleep(0.01)
+
+            holders = [send("sk-small"), send("sk-big")]  # one slot each
+            await until("both holders streaming", lambda: up.completions == 2)
+            queued = [send("sk-small"), send("sk-small")]  # the queue is full: small holds both
+            await until("two queued", lambda: gw.metric("llmserve_queue_depth") == 2)
+            start = time.monotonic()
+            newcomer = send("sk-big")  # small holds more places: its newest is pushed out
+            done, _ = await asyncio.wait(queued, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            waited = time.monotonic() - start
+            evicted = done.pop().result()
+            assert_openai_error(evicted, 503, "overloaded")
+            assert "queue is full" in evicted.json()["error"]["message"]
+            assert gw.metric('llmserve_rejections_total{pool="demo",reason="queue_full"}') == 1
+            assert waited < 1.0, f"the pushed-out request waited {waited:.2f} s"
+            for t in (*holders, *queued, newcomer):
+                t.cancel()
+            await asyncio.gather(*holders, *queued, newcomer, return_exceptions=True)
+
+
+async def test_whole_answers_teach_the_limit_too(upstreams: UpstreamFactory) -> None:
+    """Non-streamed traffic alone lifts the limit off its start (it stayed there: only streamed
+    TTFT was a sample)."""
+    up = upstreams(token_delay_s=0.002)  # 4 tokens: ~8 ms per answer
+    flow = {"initial_limit": 2, "min_limit": 1, "max_limit": 64, "scrape_engines": False}
+    with run_gateway(backends=[url_of(up)], flow=flow) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            async def client() -> int:
+                ok = 0
+                for _ in range(15):
+                    r = await c.post("/v1/completions", json=BODY)
+                    # Above the starting limit of 2 the queue refuses some at first.
+                    assert r.status_code in (200, 503), r.text
+                    ok += r.status_code == 200
+                return ok
+
+            served = await asyncio.gather(*(client() for _ in range(4)))
+        assert sum(served) >= 30
+        assert gw.metric('llmserve_concurrency_limit{pool="demo"}') > 2

@@ -113,3 +113,28 @@ def test_engine_pressure_backs_off_at_most_once_per_target(clock: FakeClock) -> 
 def test_rejects_inconsistent_bounds() -> None:
     with pytest.raises(ValueError):
         AimdLimiter(initial=1, floor=2, ceiling=3, target_s=1.0)
+
+
+def test_whole_answers_are_judged_per_token_against_their_own_best(clock: FakeClock) -> None:
+    """The non-streamed class has no TTFT: at its best pace per token (whatever the length) it
+    grows the limit like a fast stream would; at 3x that pace it cuts it."""
+    lim = AimdLimiter(initial=8, floor=2, ceiling=1024, target_s=3.0, clock=clock)
+    for window in range(3):
+        for i in range(lim.limit):
+            tokens = 10 if i % 2 else 200  # short and long answers, 20 ms per token each
+            lim.on_whole_sample(0.02 * (tokens + 1), tokens, clock(), in_flight=lim.limit)
+        assert lim.limit == 8 * 2 ** (window + 1)  # slow start: far below the target
+    high = lim.limit
+    clock.advance(1)
+    lim.on_whole_sample(0.06 * 101, 100, clock(), in_flight=high)  # 3x slower per token
+    assert lim.limit == high // 2
+    clock.advance(10)
+    lim.on_whole_sample(0.03 * 101, 100, clock(), in_flight=lim.limit)  # 1.5x: within tolerance
+    assert lim.limit >= high // 2
+
+
+def test_streamed_and_whole_answers_share_one_limit(clock: FakeClock) -> None:
+    lim = make(clock)
+    lim.on_whole_sample(0.02 * 11, 10, clock(), in_flight=10)
+    lim.on_sample(0.1, clock(), in_flight=10)
+    assert lim.limit == 12  # one slot from each class (slow start)

@@ -48,3 +48,21 @@ def test_kubernetes_without_cluster_config_fails_at_build(
     s = GatewaySettings(discovery="kubernetes", k8s_namespace="ns", k8s_service="workers")
     with pytest.raises(DiscoveryError, match="GATEWAY_DISCOVERY=kubernetes"):
         build_router(s, NoProber())
+
+
+def test_unknown_per_pool_policy_fails_at_build() -> None:
+    s = GatewaySettings(routing_policies={"llama": "nope"})
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        build_router(s, NoProber())
+
+
+def test_policy_per_model_pool_from_settings() -> None:
+    s = GatewaySettings(routing_policy="least_outstanding",
+                        routing_policies={"llama": "prefix_affinity"})
+    router = build_router(s, NoProber())
+    # The pools' policies are made when a model first shows up; the factory hands them out.
+    policy_for = router._policy_for  # the seam the factory fills
+    assert policy_for is not None
+    llama, qwen = policy_for("llama"), policy_for("qwen")
+    assert llama.uses_affinity and not qwen.uses_affinity
+    assert policy_for("llama") is not llama  # one object per pool, each with its own state

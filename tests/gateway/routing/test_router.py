@@ -127,6 +127,32 @@ async def test_passive_ejection_and_readmission(setup: Setup) -> None:
     assert {url(router.pick("llama")) for _ in range(4)} == {A, B}
 
 
+async def test_a_replica_failing_every_other_request_is_ejected_but_never_the_last(
+    setup: Setup,
+) -> None:
+    """A brownout never fails `eject_after_failures` in a row; its failure rate ejects it."""
+    router, _, clock = setup
+    router._eject_rate = 0.3
+    a, b = backend(router, A), backend(router, B)
+    for i in range(10):
+        router.report_success(a) if i % 2 else router.report_failure(a)
+        if not a.available(clock.now):
+            break
+    assert not a.available(clock.now) and i < 10
+    clock.now += 10
+    assert a.available(clock.now) and a.failure_rate == 0.0  # a clean slate when readmitted
+    # The last one available is kept: some of its answers succeed, none would without it.
+    router.report_failure(a), router.report_failure(a)  # consecutive: ejected
+    for i in range(40):
+        router.report_success(b) if i % 2 else router.report_failure(b)
+    assert b.available(clock.now)
+    router.report_failure(b), router.report_failure(b)  # two in a row: spared by the cap
+    assert b.available(clock.now)  # a is ejected, and at most 50% of the pool may be
+    router._max_eject = 100
+    router.report_failure(b), router.report_failure(b)  # without the cap: ejected, as before
+    assert not b.available(clock.now)
+
+
 async def test_passing_probe_does_not_cut_an_ejection_short(setup: Setup) -> None:
     router, _, clock = setup
     a = backend(router, A)
@@ -161,15 +187,27 @@ async def test_success_resets_the_failure_count(setup: Setup) -> None:
     assert a.available(clock.now)
 
 
-async def test_all_ejected_is_not_ready(setup: Setup) -> None:
-    router, _, clock = setup
-    for b in router.backends():
-        router.report_failure(b)
-        router.report_failure(b)
-    assert not router.ready() and router.models() == []
-    assert router.knows_model("llama")  # 503 while they sit out, not 404
-    clock.now += 10
-    assert router.ready()
+async def test_all_ejected_is_not_ready_but_panic_still_routes() -> None:
+    prober = FakeProber({A: ["llama"], B: ["llama"], C: ["qwen"]})
+    clock = Clock()
+    # No ejection cap: every backend can be ejected at once.
+    router = Router(Static([A, B, C]), prober, LeastOutstanding(), health_interval_s=3600,
+                    eject_after_failures=2, eject_for_s=10, max_ejection_percent=100, clock=clock)
+    await router.start()
+    try:
+        assert await router.wait_ready(2)
+        for b in router.backends():
+            router.report_failure(b)
+            router.report_failure(b)
+        assert not router.ready() and router.models() == []
+        assert router.knows_model("llama")
+        # Panic mode: only passive ejection holds them back, so they still take traffic.
+        assert {url(router.pick("llama")) for _ in range(4)} == {A, B}
+        assert router.panics["llama"] == 4
+        clock.now += 10
+        assert router.ready()
+    finally:
+        await router.stop()
 
 
 async def test_failed_probe_makes_unavailable_but_model_still_known(setup: Setup) -> None:
@@ -303,3 +341,109 @@ def test_rejects_inconsistent_parameters() -> None:
     with pytest.raises(ValueError, match="eject_after_failures"):
         Router(Static([]), FakeProber({}), LeastOutstanding(), health_interval_s=1,
                eject_after_failures=0, eject_for_s=1)
+
+
+# -- ejection limits, panic mode, per-pool policies ---------------------------------------------
+
+D = "http://d:1"
+
+
+async def limited_router(prober: FakeProber, urls: list[str], percent: int,
+                         **kw: object) -> Router:
+    router = Router(Static(urls), prober, LeastOutstanding(), health_interval_s=3600,
+                    eject_after_failures=1, eject_for_s=10, max_ejection_percent=percent,
+                    **kw)  # type: ignore[arg-type]
+    await router.start()
+    assert await router.wait_ready(2)
+    await settle(router, lambda: len(router.models()) == 1)
+    return router
+
+
+async def test_at_most_the_configured_share_of_a_pool_is_ejected() -> None:
+    clock = Clock()
+    prober = FakeProber({u: ["llama"] for u in (A, B, C, D)})
+    router = await limited_router(prober, [A, B, C, D], 50, clock=clock)
+    try:
+        for u in (A, B, C):
+            router.report_failure(backend(router, u))
+        now = clock.now
+        assert [backend(router, u).available(now) for u in (A, B, C, D)] == [
+            False, False, True, True]  # C spared: 2 of 4 are out already
+        clock.now += 10  # A and B are back; now C may go
+        router.report_failure(backend(router, C))
+        assert not backend(router, C).available(clock.now)
+    finally:
+        await router.stop()
+
+
+async def test_zero_percent_never_ejects() -> None:
+    clock = Clock()
+    router = await limited_router(FakeProber({A: ["llama"], B: ["llama"]}), [A, B], 0,
+                                  clock=clock)
+    try:
+        router.report_failure(backend(router, A))
+        assert backend(router, A).available(clock.now)
+    finally:
+        await router.stop()
+
+
+async def test_panic_routes_to_ejected_backends_but_never_to_probe_failed_ones() -> None:
+    clock = Clock()
+    prober = FakeProber({A: ["llama"], B: ["llama"]})
+    router = await limited_router(prober, [A, B], 50, clock=clock)
+    try:
+        prober.down = {A}
+        await router.probe_all()  # A fails its probe (not an ejection)
+        router.report_failure(backend(router, B))  # B ejected: 1 of 2, within the cap
+        assert not backend(router, B).available(clock.now)
+        # Every backend looks bad: B (only ejected) takes the traffic, not a 503; A stays out.
+        assert {url(router.pick("llama")) for _ in range(3)} == {B}
+        assert router.panics == {"llama": 3}
+        assert list(router.routing_stats()) == [("llama", 0, 0, {}, 0, 0, 3)]
+        # A retry that already tried B finds nothing else: the caller answers 503.
+        assert router.pick("llama", [backend(router, B)]) is None
+        prober.down = set()
+        await router.probe_all()
+        assert {url(router.pick("llama")) for _ in range(3)} == {A}  # no panic: A is up
+        assert router.panics == {"llama": 3}
+    finally:
+        await router.stop()
+
+
+async def test_policy_per_pool_and_an_engine_restart_forgets_its_cache() -> None:
+    from gateway.routing.affinity import PrefixAffinity
+    from gateway.routing.policy import RouteRequest
+
+    prober = FakeProber({A: ["llama"], B: ["llama"], C: ["qwen"]})
+    made: dict[str, object] = {}
+
+    def policy_for(model: str) -> PrefixAffinity | LeastOutstanding:
+        p = PrefixAffinity() if model == "llama" else LeastOutstanding()
+        made[model] = p
+        return p
+
+    router = Router(Static([A, B, C]), prober, LeastOutstanding(), health_interval_s=3600,
+                    eject_after_failures=1, eject_for_s=10, policy_for=policy_for)
+    await router.start()
+    try:
+        assert await router.wait_ready(2)
+        await settle(router, lambda: router.models() == ["llama", "qwen"])
+        assert router.wants_affinity("llama") and not router.wants_affinity("qwen")
+        policy = made["llama"]
+        assert isinstance(policy, PrefixAffinity)
+        prompt = b"system prompt " * 200
+        home = router.pick("llama", (), RouteRequest("llama", None, prompt))
+        assert home is not None
+        assert router.pick("llama", (), RouteRequest("llama", None, prompt + b"more")) is home
+        assert policy.stats.hits == 1
+        # The engine restarts: its probe fails (vLLM takes minutes to come back), then passes.
+        prober.down = {home.url}
+        await router.probe_all()
+        prober.down = set()
+        await router.probe_all()
+        router.pick("llama", (), RouteRequest("llama", None, prompt + b"more again"))
+        assert policy.stats.hits == 1 and policy.stats.misses == 2  # not trusted: a miss
+        stats = {m: rest for m, *rest in router.routing_stats()}
+        assert set(stats) == {"llama"} and stats["llama"][0] == 1
+    finally:
+        await router.stop()

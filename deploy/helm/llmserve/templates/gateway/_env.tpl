@@ -3,7 +3,7 @@ GATEWAY_* settings the chart manages; gateway.env may not set these (a second va
 setting would silently win or lose depending on order).
 */}}
 {{- define "llmserve.gateway.managedEnv" -}}
-GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS
+GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS GATEWAY_POOLS GATEWAY_MODEL_LAYOUTS
 {{- end -}}
 
 {{/*
@@ -45,8 +45,33 @@ maxReplicas/minReplicas x its limit when scaled out; NOTES says so).
 - name: GATEWAY_BACKENDS
   value: {{ toJson $g.backends | quote }}
 {{- end }}
+{{- /* Each pool's layout, exported as llmserve_pool_info for the dashboards. */}}
+{{- $layouts := list }}
+{{- range (include "llmserve.pools" . | fromYaml).pools }}
+{{- $layouts = append $layouts (dict "name" .name "model" .servedModelName "tp" (int .tensorParallelSize) "pp" (int .pipelineParallelSize) "nodes" (int .nodes)) }}
+{{- end }}
+- name: GATEWAY_POOLS
+  value: {{ toJson $layouts | quote }}
 - name: GATEWAY_DRAIN_TIMEOUT_S
   value: {{ include "llmserve.drainSeconds" (dict "root" . "value" $g.drainTimeoutSeconds) | quote }}
+{{- /* Each served model's layout, shown in /v1/models: benchmark reports (python -m loadtest
+compare) describe what they measured from it. A name served by pools of different layouts has no
+one layout and is left out (the gateway then shows its replica count only). */}}
+{{- $layouts := dict }}
+{{- $mixed := list }}
+{{- range (include "llmserve.pools" . | fromYaml).pools }}
+{{- $l := dict "tp" (int .tensorParallelSize) "pp" (int .pipelineParallelSize) "nodes" (int .nodes) }}
+{{- $seen := get $layouts .servedModelName }}
+{{- if and $seen (ne (toJson $seen) (toJson $l)) }}
+{{- $mixed = append $mixed .servedModelName }}
+{{- end }}
+{{- $_ := set $layouts .servedModelName $l }}
+{{- end }}
+{{- range $mixed }}
+{{- $_ := unset $layouts . }}
+{{- end }}
+- name: GATEWAY_MODEL_LAYOUTS
+  value: {{ toJson $layouts | quote }}
 {{- if $g.apiKeys.enabled }}
 - name: GATEWAY_API_KEYS_FILE
   value: {{ printf "/etc/llmserve/api-keys/%s" $g.apiKeys.secretKey | quote }}

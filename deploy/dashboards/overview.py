@@ -1,0 +1,140 @@
+"""Overview: the gateway as the clients see it. The dashboard an operator opens first."""
+
+from __future__ import annotations
+
+from deploy.dashboards.common import (
+    NS,
+    RATE,
+    TOKENS_PER_S,
+    Dashboard,
+    Panel,
+    Row,
+    Variable,
+    namespace_variable,
+    q,
+    quantiles,
+)
+
+GW = f'{NS}, model=~"$model"'
+# The gateway's admission pools are per model: their `pool` label holds the model name.
+FLOW = f'{NS}, pool=~"$model"'
+# The TTFT SLO the burn-rate panel and the chart's burn-rate alert share: 95 % of streams see their
+# first token within 2 s (a bucket bound of llmserve_ttft_seconds), so the error budget is 5 %.
+SLO_TTFT_S = "2.0"
+SLO_BUDGET = "0.05"
+
+
+def ttft_burn(window: str) -> str:
+    """Share of streams slower than the SLO over `window`, divided by the budget (1 = on budget)."""
+    return (f"(1 - sum(rate(llmserve_ttft_seconds_bucket{{{GW}, le=~\"2|{SLO_TTFT_S}\"}}[{window}])) "
+            f"/ sum(rate(llmserve_ttft_seconds_count{{{GW}}}[{window}]))) / {SLO_BUDGET}")
+
+
+def dashboard() -> Dashboard:
+    return Dashboard(
+        uid="llmserve-overview",
+        title="llmserve / Overview",
+        description="The gateway as clients see it: traffic, latency (TTFT, TPOT, ITL, E2E), "
+        "flow control, errors, tenants, SLO burn. Engine internals: llmserve / Engines.",
+        variables=[
+            namespace_variable("llmserve_requests_in_flight"),
+            Variable("model", "Model",
+                     'label_values({__name__=~"llmserve_pool_info|llmserve_requests_total", '
+                     f'{NS}}}, model)',
+                     "Served model name (the gateway's `model` label; unknown names count as "
+                     "`unknown`)"),
+            Variable("pool", "Pool", f"label_values(llmserve_pool_info{{{NS}}}, pool)",
+                     "Worker pool of the chart (layout table)"),
+        ],
+        rows=[
+            Row("Traffic", [
+                Panel("Requests/s by status",
+                      "Proxied requests per second by final HTTP status (499: the client went "
+                      "away). Admission refusals count here too (429, 503).", "reqps",
+                      [q(f"sum by (status) (rate(llmserve_requests_total{{{GW}}}[{RATE}]))",
+                         "{{status}}")]),
+                Panel("Tokens/s",
+                      "Generated (output) and prompt (input) tokens per second, from the "
+                      "engines' usage reports.", TOKENS_PER_S,
+                      [q(f"sum by (model) (rate(llmserve_output_tokens_total{{{GW}}}[{RATE}]))",
+                         "output {{model}}"),
+                       q(f"sum by (model) (rate(llmserve_input_tokens_total{{{GW}}}[{RATE}]))",
+                         "input {{model}}")]),
+                Panel("Pool layouts",
+                      "Each worker pool's served model and parallel layout (tensor parallel, "
+                      "pipeline parallel, nodes per replica), from llmserve_pool_info.", "none",
+                      [q(f'max by (pool, model, tp, pp, nodes) (llmserve_pool_info{{{NS}, '
+                         f'pool=~"$pool"}})')], kind="table"),
+            ]),
+            Row("Latency (gateway view, streamed requests)", [
+                Panel("Time to first token",
+                      "Request received -> first content event sent, streams only: includes "
+                      "the gateway queue and the engine's prefill.", "s",
+                      quantiles("llmserve_ttft_seconds", GW, (0.5, 0.95, 0.99))),
+                Panel("TPOT and ITL",
+                      "vllm bench serve's definitions: TPOT = (E2E - TTFT) / (output tokens - "
+                      "1) per stream; ITL = gap between two content events.", "s",
+                      [*quantiles("llmserve_tpot_seconds", GW, (0.5, 0.99), legend="TPOT "),
+                       *quantiles("llmserve_itl_seconds", GW, (0.5, 0.99), legend="ITL ")]),
+                Panel("End-to-end latency",
+                      "Request received -> last byte sent, streamed and whole answers.", "s",
+                      quantiles("llmserve_e2e_request_latency_seconds", GW, (0.5, 0.95, 0.99))),
+            ]),
+            Row("Load and flow control", [
+                Panel("In flight and queued",
+                      "HTTP requests being served per gateway pod, admitted requests in flight "
+                      "and requests waiting in the admission queue per pool.", "short",
+                      [q(f"sum by (pod) (llmserve_requests_in_flight{{{NS}}})",
+                         "in flight {{pod}}"),
+                       q(f"sum by (pool) (llmserve_admitted_in_flight{{{FLOW}}})",
+                         "admitted {{pool}}"),
+                       q(f"sum by (pool) (llmserve_queue_depth{{{FLOW}}})", "queued {{pool}}")]),
+                Panel("Queue time",
+                      "Time an admitted request waited in the gateway's queue (0 when admitted "
+                      "at once).", "s",
+                      quantiles("llmserve_queue_time_seconds", FLOW, (0.5, 0.99), by="pool")),
+                Panel("Adaptive concurrency limit",
+                      "Each gateway pod's current concurrency limit per pool: it shrinks when "
+                      "the engines' TTFT passes the target, and grows back.", "short",
+                      [q(f"max by (pool, pod) (llmserve_concurrency_limit{{{FLOW}}})",
+                         "{{pool}} {{pod}}")]),
+            ]),
+            Row("Errors", [
+                Panel("Rejections by reason",
+                      "Requests refused by admission control: rpm/tpm (429), queue_full, "
+                      "queue_wait, unavailable (503). 0 when none.", "reqps",
+                      [q(f"sum by (reason) (rate(llmserve_rejections_total{{{FLOW}}}[{RATE}])) "
+                         "or vector(0)", "{{reason}}")]),
+                Panel("Retries and upstream errors",
+                      "Attempts moved to another replica before the first byte, and requests "
+                      "answered 5xx (502/504: engines, 503: no healthy replica). 0 when none.",
+                      "reqps",
+                      [q(f"sum(rate(llmserve_upstream_retries_total{{{GW}}}[{RATE}])) "
+                         "or vector(0)", "retries"),
+                       q(f'sum by (status) (rate(llmserve_requests_total{{{GW}, status=~"5.."}}'
+                         f"[{RATE}])) or vector(0)", "{{status}}")]),
+                Panel("Backends",
+                      "Backends routable per gateway pod, and backends out of rotation (failed "
+                      "probes or ejected after request failures).", "short",
+                      [q(f"sum by (pod) (llmserve_backend_up{{{NS}}})", "up {{pod}}"),
+                       q(f"count by (pod) (llmserve_backend_up{{{NS}}} == 0) or vector(0)",
+                         "ejected {{pod}}")]),
+            ]),
+            Row("Tenants and SLO", [
+                Panel("Tokens/s per tenant",
+                      "Tokens used per tenant (API key) and kind, from usage reports.",
+                      TOKENS_PER_S,
+                      [q(f"sum by (tenant, kind) (rate(llmserve_tenant_tokens_total{{{NS}}}"
+                         f"[{RATE}]))", "{{tenant}} {{kind}}")]),
+                Panel("Requests/s per tenant", "Admitted requests per tenant (API key).", "reqps",
+                      [q(f"sum by (tenant) (rate(llmserve_tenant_requests_total{{{NS}}}"
+                         f"[{RATE}]))", "{{tenant}}")]),
+                Panel("TTFT SLO burn rate",
+                      f"SLO: 95 % of streams see their first token within {SLO_TTFT_S} s. Burn "
+                      "rate = share of slower streams / 5 % budget: 1 spends the budget exactly "
+                      "over the SLO period; the alert pages at 14.4 (1 h and 5 m) and 6 (6 h and "
+                      "30 m).", "none",
+                      [q(ttft_burn("5m"), "5m"), q(ttft_burn("1h"), "1h")], extra={"min": 0}),
+            ]),
+        ],
+    )

@@ -1,0 +1,139 @@
+"""Draw each dashboard's panels from recorded query results, one PNG per dashboard.
+
+    python -m deploy.dashboards.render RESULTS.json [--out docs]
+
+RESULTS.json is what tests/e2e/test_observability.py keeps (LLMSERVE_DASHBOARD_RESULTS=...): the
+Prometheus answers to every panel query over a load run. The pictures follow the dashboards'
+layout (rows of panels, Grafana's legend formats and units) so a reader sees what Grafana would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+
+COLUMNS = 3
+_LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+def legend(fmt: str, labels: dict[str, str]) -> str:
+    """Grafana's legend format: `{{label}}` from the series' labels; none: the label set."""
+    if not fmt:
+        shown = {k: v for k, v in labels.items() if k not in ("__name__", "job", "instance")}
+        return ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) or "value"
+    # A `... or vector(0)` fallback has no labels: Grafana shows an empty name, we say "none".
+    return _LEGEND_LABEL.sub(lambda m: labels.get(m.group(1), ""), fmt).strip() or "none"
+
+
+def scale(unit: str, peak: float) -> tuple[float, str]:
+    """(factor, axis label) for a Grafana unit."""
+    if unit == "s":
+        return (1e3, "ms") if peak < 1 else (1.0, "s")
+    if unit == "percentunit":
+        return 100.0, "%"
+    return 1.0, {"reqps": "req/s", "ops": "ops/s", "short": "", "none": ""}.get(
+        unit, unit.removeprefix("suffix:").strip())
+
+
+def _series(panel: dict[str, Any], start: float) -> list[tuple[str, list[float], list[float]]]:
+    out = []
+    for q in panel["queries"]:
+        for s in q["result"]:
+            points = [(float(t) - start, float(v)) for t, v in s["values"]
+                      if not math.isnan(float(v))]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                out.append((legend(q["legend"], s["metric"]), list(xs), list(ys)))
+    return out
+
+
+def draw_timeseries(ax: Axes, panel: dict[str, Any], start: float) -> None:
+    series = _series(panel, start)
+    if not series:
+        ax.text(0.5, 0.5, "No data", ha="center", va="center", transform=ax.transAxes,
+                color="#a00", fontsize=12)
+        return
+    peak = max(max(abs(y) for y in ys) for _, _, ys in series)
+    factor, label = scale(panel["unit"], peak)
+    for name, xs, ys in series:
+        ax.plot(xs, [y * factor for y in ys], linewidth=1.4, label=name)
+    ax.set_ylabel(label, fontsize=9)
+    ax.set_xlabel("seconds into the load run", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    ax.tick_params(labelsize=8)
+    if peak == 0:
+        ax.set_ylim(0, 1)  # all zero: a flat line at the bottom, not centred on +-0.05
+    else:
+        ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
+    ax.legend(fontsize=8, loc="upper left", ncol=2 if len(series) > 4 else 1, framealpha=0.8)
+
+
+def draw_table(ax: Axes, panel: dict[str, Any]) -> None:
+    ax.axis("off")
+    rows = [s["metric"] for q in panel["queries"] for s in q["result"]]
+    if not rows:
+        ax.text(0.5, 0.5, "No data", ha="center", va="center", color="#a00", fontsize=12)
+        return
+    columns = [k for k in sorted({k for r in rows for k in r})
+               if k not in ("__name__", "job", "instance")]
+    table = ax.table(cellText=[[r.get(c, "") for c in columns] for r in rows],
+                     colLabels=columns, loc="center", cellLoc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(9)
+    table.scale(1, 1.6)
+
+
+def render(dashboard: dict[str, Any], start: float, path: Path) -> None:
+    panels = dashboard["panels"]
+    rows = math.ceil(len(panels) / COLUMNS)
+    fig, axes = plt.subplots(rows, COLUMNS, figsize=(6.4 * COLUMNS, 3.6 * rows + 0.8),
+                             squeeze=False)
+    variables = ", ".join(f"{k}={'All' if v == '.*' else v}"
+                          for k, v in dashboard["variables"].items() if not k.startswith("__"))
+    fig.suptitle(f"{dashboard['title']}    ({variables})", fontsize=14, x=0.01, ha="left")
+    for i, ax in enumerate(axes.flat):
+        if i >= len(panels):
+            ax.axis("off")
+            continue
+        p = panels[i]
+        ax.set_title(p["title"], fontsize=11, loc="left", fontweight="bold")
+        if p["kind"] == "timeseries":
+            draw_timeseries(ax, p, start)
+        else:
+            draw_table(ax, p)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / (3.6 * rows + 0.8)))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m deploy.dashboards.render", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path, help="query results from the e2e test")
+    p.add_argument("--out", type=Path, default=Path("docs"), help="directory for the PNGs")
+    args = p.parse_args()
+    try:
+        data = json.loads(args.results.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        p.exit(2, f"render: cannot read {args.results}: {exc}\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, dashboard in data["dashboards"].items():
+        path = args.out / f"dashboard-{name.removesuffix('.json').removeprefix('llmserve-')}.png"
+        render(dashboard, data["start"], path)
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

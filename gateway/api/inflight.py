@@ -1,0 +1,63 @@
+"""The proxy's requests in flight, so that the drain can end them cleanly when it expires.
+
+Why: when uvicorn's graceful-shutdown timeout expires it cancels every request task. A stream cut
+that way just stops (no in-band error: the client cannot tell it from an answer that lost its
+tail), a queued request gets no answer, and uvicorn logs a traceback per task. So the gateway's own
+drain timer fires first (gateway/server.py): `InFlight.expire` marks each open exchange and
+cancels its task, and the proxy turns that cancellation into a 503 (nothing sent yet) or one
+in-band error event (mid-stream), then returns normally. uvicorn's own cancel stays as a backstop.
+
+One `Exchange` per proxied request; its fields are written a few times per request, never per
+SSE event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.errors import Unavailable
+
+# What a request cut by the drain is told: retryable, and not the replica's fault.
+DRAIN_EXPIRED = Unavailable(
+    "the gateway is shutting down and its drain timeout expired; retry the request",
+    code="shutting_down", retry_after=1.0,
+)
+
+
+class Exchange:
+    """One client request through the proxy."""
+
+    __slots__ = ("expired", "head_sent", "responded", "rid", "started", "task")
+
+    def __init__(self, task: asyncio.Task[object] | None, started: float, rid: str = "-") -> None:
+        self.task = task
+        self.started = started  # loop time the request arrived
+        self.rid = rid  # the request id, for log lines about this request
+        self.head_sent = False  # the response head reached uvicorn: only in-band errors now
+        self.responded = False  # the last body byte was sent: the client has its answer
+        self.expired = False  # cancelled by the drain timeout, not by a disconnect
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self._open: set[Exchange] = set()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def add(self, ex: Exchange) -> None:
+        self._open.add(ex)
+
+    def discard(self, ex: Exchange) -> None:
+        self._open.discard(ex)
+
+    def expire(self) -> int:
+        """End every exchange still unanswered; returns how many were cut."""
+        n = 0
+        for ex in list(self._open):
+            if ex.responded or ex.expired or ex.task is None:
+                continue
+            ex.expired = True
+            ex.task.cancel()
+            n += 1
+        return n

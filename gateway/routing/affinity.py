@@ -1,0 +1,223 @@
+"""Prefix affinity: send a prompt where its prefix already sits in a KV cache, within a load bound.
+
+vLLM reuses the KV cache of a prefix it has seen (automatic prefix caching), so a chat session's
+next turn is cheap on the replica that served its last one and a full prefill anywhere else. The
+policy works from the request alone, without engine changes:
+
+- The prompt (the chat messages as JSON, or the completion prompt) is hashed in fixed-size byte
+  chunks, each hash covering everything before it (a running CRC-32). Turn N's prompt starts with
+  turn N-1's, so it contains turn N-1's chunk hashes. An explicit key (a session header, the
+  `user` field) replaces the prefix when the caller gives one.
+- Learned: an LRU table, capped by `max_entries`, maps chunk hashes to the replica that served
+  them. Only checkpoints are stored (chunks 1, 2, 4, 8, ... and the last), so a prompt costs
+  O(log n) entries, yet a later turn still finds its previous turn's last chunk.
+- A prompt whose longest known prefix lives on an available replica goes there (a hit) unless that
+  replica would exceed `(1 + balance)` x the mean load (consistent hashing with bounded loads,
+  Mirrokni et al. 2018; the cap is rounded up, as there). A miss has no cache to win, so it gets no
+  imbalance at all: its consistent-hash home (a ring over the candidates, keyed by its first chunk)
+  if that home is not above the mean, else the least loaded replica. Either fallback is
+  least-outstanding, so an overloaded replica never takes a miss (SGLang's "death spiral").
+- Load is the gateway's own in-flight count per replica, taken at pick time (the caller acquires
+  at once), so a burst cannot pile onto one replica before its load shows (vllm-router's case).
+- One shared system prompt: every request hits the same shallow entry, the bound spills the excess
+  to other replicas, and each turn re-records where it went, so sessions then follow their own,
+  deeper prefixes (the hot-spot case in the tests).
+- A replica's cache dies with its engine. The router gives each replica a new `CacheLife` token
+  when its health probe fails (a vLLM restart takes minutes; probes run every few seconds), and a
+  new Backend object when discovery drops and re-adds it. Entries remember the token, so a stale
+  entry is a miss the moment it is looked up, with no scan; it counts as a key moved. A restart
+  faster than one probe interval would go unseen until the next turn misses in the engine.
+- Membership: the ring has `_VNODES` points per replica, so a join or a leave moves about 1/N of
+  the ring's keys; learned entries stay with the replica that holds the cache.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import ClassVar
+from zlib import crc32
+
+from gateway.routing.backend import Backend, CacheLife
+from gateway.routing.policy import LeastOutstanding, RouteRequest
+from gateway.settings import AffinitySettings
+
+# Ring points per replica: the spread of key shares across replicas falls as 1/sqrt(vnodes).
+_VNODES = 160
+_RING_CACHE = 16  # rings kept for candidate sets seen (the full pool, minus one ejected, ...)
+
+FALLBACK_REASONS = ("overloaded", "unavailable", "miss_overloaded")
+
+
+def prefix_hashes(data: bytes, chunk: int, max_chunks: int) -> list[int]:
+    """Running CRC-32 at the end of each whole `chunk` of `data` (at most `max_chunks`).
+
+    A tail shorter than a chunk is left out: the next turn extends it, so its hash would never
+    match again. CRC-32 rather than a cryptographic hash: it is one C call per chunk over a
+    memoryview, with no copy, and a rare collision only costs one cache miss."""
+    n = min(len(data) // chunk, max_chunks)
+    out: list[int] = []
+    if n == 0:
+        return out
+    mv = memoryview(data)
+    h = 0
+    for i in range(0, n * chunk, chunk):
+        h = crc32(mv[i:i + chunk], h)
+        out.append(h)
+    return out
+
+
+class _Ring:
+    """Consistent-hash ring over a set of replica URLs."""
+
+    __slots__ = ("owners", "points")
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        pts: list[tuple[int, str]] = []
+        for u in urls:
+            for v in range(_VNODES):
+                d = hashlib.blake2b(f"{u}#{v}".encode(), digest_size=4).digest()
+                pts.append((int.from_bytes(d, "big"), u))
+        pts.sort()
+        self.points = [p for p, _ in pts]
+        self.owners = [u for _, u in pts]
+
+    def owner(self, key: int) -> str:
+        # CRC-32 is linear: scramble it (odd multiplier, 32 bits) so that keys spread evenly.
+        k = (key * 0x9E3779B1) & 0xFFFFFFFF
+        i = bisect.bisect(self.points, k)
+        return self.owners[i if i < len(self.points) else 0]
+
+
+class AffinityStats:
+    """Plain counters, read by the metrics collector at scrape time (nothing on the hot path)."""
+
+    __slots__ = ("fallbacks", "hits", "keys_moved", "misses")
+
+    def __init__(self) -> None:
+        self.hits = 0  # sent to the replica that served the longest known prefix
+        self.misses = 0  # no usable learned prefix (new, or no key at all)
+        self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
+        # Learned prefixes re-homed: their replica left, restarted (lost its cache), was ejected
+        # or was over the load bound when the prefix came back.
+        self.keys_moved = 0
+
+
+class PrefixAffinity:
+    """See the module docstring."""
+
+    uses_affinity: ClassVar[bool] = True
+
+    def __init__(self, settings: AffinitySettings | None = None) -> None:
+        s = settings or AffinitySettings()
+        self._balance = 1.0 + s.balance
+        self._chunk = s.chunk_bytes
+        self._max_chunks = s.max_chunks
+        self._cap = s.max_entries
+        self._table: OrderedDict[int, CacheLife] = OrderedDict()
+        self._least = LeastOutstanding()
+        self._rings: dict[tuple[str, ...], _Ring] = {}
+        self._ring_src: object = None
+        self._ring: _Ring | None = None
+        self.stats = AffinityStats()
+
+    @property
+    def entries(self) -> int:
+        return len(self._table)
+
+    def keys(self, request: RouteRequest) -> list[int]:
+        """The hashes `request` is known by, shallowest first."""
+        if request.affinity_key is not None:
+            return [crc32(request.affinity_key.encode())]
+        if request.prefix is None:
+            return []
+        return prefix_hashes(request.prefix, self._chunk, self._max_chunks)
+
+    def pick(self, candidates: Sequence[Backend], request: RouteRequest) -> Backend | None:
+        n = len(candidates)
+        if n == 0:
+            return None
+        keys = self.keys(request)
+        if not keys:
+            self.stats.misses += 1
+            return self._least.pick(candidates, request)
+        chosen = self._choose(candidates, keys) if n > 1 else candidates[0]
+        self._record(keys, chosen)
+        return chosen
+
+    def _choose(self, candidates: Sequence[Backend], keys: list[int]) -> Backend:
+        table = self._table
+        life: CacheLife | None = None
+        for h in reversed(keys):
+            life = table.get(h)
+            if life is not None:
+                break
+        st = self.stats
+        total = 0
+        for c in candidates:
+            total += c.outstanding
+        n = len(candidates)
+        if life is not None:
+            b = life.backend
+            if b.cache_life is life:  # else restarted or replaced: its cache is gone, a miss
+                if b not in candidates:
+                    st.fallbacks["unavailable"] += 1
+                    return self._least_pick(candidates)
+                if b.outstanding + 1 <= math.ceil(self._balance * (total + 1) / n):
+                    st.hits += 1
+                    return b
+                st.fallbacks["overloaded"] += 1
+                return self._least_pick(candidates)
+        st.misses += 1
+        home_url = self._ring_for(candidates).owner(keys[0])
+        for b in candidates:
+            if b.url == home_url:
+                # No cache to win: the home only if that keeps it at or under the mean.
+                if b.outstanding + 1 <= math.ceil((total + 1) / n):
+                    return b
+                st.fallbacks["miss_overloaded"] += 1
+                break
+        return self._least_pick(candidates)
+
+    def _least_pick(self, candidates: Sequence[Backend]) -> Backend:
+        b = self._least.pick(candidates, _NO_REQUEST)
+        assert b is not None  # candidates is not empty
+        return b
+
+    def _record(self, keys: list[int], b: Backend) -> None:
+        table = self._table
+        life = b.cache_life
+        last = len(keys) - 1
+        i = 0
+        # Checkpoints 0, 1, 3, 7, ... (chunks 1, 2, 4, 8, ...) and the deepest one.
+        while True:
+            h = keys[i]
+            old = table.pop(h, None)
+            if old is not None and old is not life:
+                self.stats.keys_moved += 1
+            table[h] = life
+            if i == last:
+                break
+            i = min(2 * i + 1, last)
+        while len(table) > self._cap:
+            table.popitem(last=False)
+
+    def _ring_for(self, candidates: Sequence[Backend]) -> _Ring:
+        # The router hands over the same pool tuple while nothing changes: one identity check.
+        if candidates is self._ring_src and self._ring is not None:
+            return self._ring
+        urls = tuple(sorted(b.url for b in candidates))
+        ring = self._rings.get(urls)
+        if ring is None:
+            if len(self._rings) >= _RING_CACHE:
+                self._rings.clear()
+            ring = self._rings[urls] = _Ring(urls)
+        if isinstance(candidates, tuple):
+            self._ring_src, self._ring = candidates, ring
+        return ring
+
+
+_NO_REQUEST = RouteRequest("")

@@ -1,0 +1,64 @@
+"""A retry budget: retries may be at most a share of recent requests (Finagle's RetryBudget,
+Envoy's retry_budget).
+
+Why: a retry on another replica hides one replica's failure from the client, but when replicas
+fail broadly every retry is extra load on the ones still answering. Capping retries at `ratio` of
+recent requests (20% by default) bounds that amplification at 1.2x, whatever happens; `min_retries`
+per window keeps light traffic (a few requests a minute) able to retry at all.
+
+"Recent" is a sliding window of `window_s`, approximated by two fixed windows (the previous one
+weighs by how much of it the sliding window still covers): per request one clock read, one
+compare and one increment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from time import monotonic
+
+
+class RetryBudget:
+    __slots__ = ("_clock", "_min", "_prev_requests", "_prev_retries", "_ratio", "_requests",
+                 "_retries", "_start", "_window")
+
+    def __init__(
+        self, ratio: float = 0.2, min_retries: int = 3, window_s: float = 10.0,
+        clock: Callable[[], float] = monotonic,
+    ) -> None:
+        if not 0 <= ratio <= 1 or min_retries < 0 or window_s <= 0:
+            raise ValueError("RetryBudget: need 0 <= ratio <= 1, min_retries >= 0, window_s > 0")
+        self._ratio = ratio
+        self._min = min_retries
+        self._window = window_s
+        self._clock = clock
+        self._start = clock()
+        self._requests = self._retries = 0
+        self._prev_requests = self._prev_retries = 0
+
+    def request(self) -> None:
+        """One client request (its first attempt): it earns `ratio` of a retry."""
+        if self._clock() - self._start >= self._window:
+            self._roll()
+        self._requests += 1
+
+    def try_retry(self) -> bool:
+        """Take one retry from the budget; False when it is spent."""
+        now = self._clock()
+        if now - self._start >= self._window:
+            self._roll()
+        prev = max(0.0, 1.0 - (now - self._start) / self._window)
+        requests = self._requests + prev * self._prev_requests
+        retries = self._retries + prev * self._prev_retries
+        if retries + 1 > self._ratio * requests + self._min:
+            return False
+        self._retries += 1
+        return True
+
+    def _roll(self) -> None:
+        now = self._clock()
+        # A gap of more than one window leaves nothing of the old counts in the sliding window.
+        fresh = now - self._start < 2 * self._window
+        self._prev_requests = self._requests if fresh else 0
+        self._prev_retries = self._retries if fresh else 0
+        self._requests = self._retries = 0
+        self._start = now if not fresh else self._start + self._window

@@ -1,0 +1,25 @@
+"""Token usage as an upstream reports it, validated once for every path that counts it.
+
+An OpenAI-compatible upstream is not trusted to send well-formed usage: a string ("abc"), a
+negative number or a missing field once gave a 500, a truncated stream (the SSE relay raised
+mid-stream) or a `ValueError` from a Prometheus counter. Now such usage is *unknown*: the answer is
+relayed untouched, no tokens are counted (neither in the token metrics nor against a key's TPM),
+and `llmserve_upstream_usage_invalid_total` says how often it happened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def usage_counts(usage: Any) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) from a `usage` object, or None when it is not a
+    mapping of two non-negative integers (bools are not counts)."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    if (type(prompt) is not int or type(completion) is not int  # type(), not isinstance: bools
+            or prompt < 0 or completion < 0):
+        return None
+    return prompt, completion

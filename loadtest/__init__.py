@@ -1,0 +1,1 @@
+"""Load tests with SSE timing (vllm bench serve definitions) and the TP-vs-PP comparison."""
