@@ -167,9 +167,10 @@ def proxies(args: argparse.Namespace, upstream: int, tmp: Path) -> dict[str, str
           f"--backend http://127.0.0.1:{upstream} --log-level warning")
     out = {"gateway": gw, "gateway-no-flow": gw + " --no-flow.enabled"}
     for extra in args.gateway_from:
-        # Another checkout's gateway (its code first on the path), e.g. before a change.
+        # Another checkout's gateway, e.g. before a change. Run from its directory: `python -m`
+        # puts the working directory ahead of PYTHONPATH, so PYTHONPATH alone ran this checkout.
         label, _, path = extra.partition("=")
-        out[label] = f"env PYTHONPATH={path} " + gw
+        out[label] = f"env -C {path} PYTHONPATH={path} " + gw
     router = args.router or shutil.which("vllm-router")
     if router:
         out["vllm-router"] = (f"{router} --host 127.0.0.1 --port {{port}} --worker-urls "
