@@ -109,6 +109,10 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--latency-requests", type=int, default=400)
+    p.add_argument("--end-delay-s", type=float, default=0.0,
+                   help="the fake upstream sends each stream's chunked terminator this long after "
+                        "[DONE], as its own write (keep-alive under test: see the connections "
+                        "per 1,000 requests printed at the end)")
     p.add_argument("--redis-url", default=None,
                    help="also measure flow-on with the per-key limits shared in this Redis "
                         "(redis://127.0.0.1:6379/0): one round trip per request")
@@ -137,7 +141,7 @@ def main() -> int:
     if args.redis_url:
         variants["flow-on+redis"] = variants["flow-on"] + f" --flow.limits-redis-url {args.redis_url}"
     procs = [start(f"{sys.executable} -m bench.fake_upstream --port {up_port} "
-                   f"--tokens {args.tokens}", "1")]
+                   f"--tokens {args.tokens} --end-delay-s {args.end_delay_s}", "1")]
     try:
         wait_ok(upstream + "/health")
         targets = [("direct", upstream)]
