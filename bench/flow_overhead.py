@@ -114,6 +114,10 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--latency-requests", type=int, default=400)
+    p.add_argument("--end-delay-s", type=float, default=0.0,
+                   help="the fake upstream sends each stream's chunked terminator this long after "
+                        "[DONE], as its own write (keep-alive under test: see the connections "
+                        "per 1,000 requests printed at the end)")
     p.add_argument("--redis-url", default=None,
                    help="also measure flow-on with the per-key limits shared in this Redis "
                         "(redis://127.0.0.1:6379/0): one round trip per request")
@@ -154,7 +158,7 @@ def main() -> int:
             variants[f"{label}:{name}"] = variants[name]
             where[f"{label}:{name}"] = path
     procs = [start(f"{sys.executable} -m bench.fake_upstream --port {up_port} "
-                   f"--tokens {args.tokens}", "1")]
+                   f"--tokens {args.tokens} --end-delay-s {args.end_delay_s}", "1")]
     try:
         wait_ok(upstream + "/health")
         targets = [("direct", upstream)]
