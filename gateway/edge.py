@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-import time
 from asyncio import TimerHandle
 from typing import Any, ClassVar, cast
 
@@ -47,6 +46,7 @@ from gateway.errors import (
     HeadTooLarge,
     InvalidRequest,
     NotFound,
+    RateLimitedLog,
     RequestTimeout,
     send_error,
 )
@@ -70,20 +70,14 @@ class Edge:
         self.settings = settings
         # Children made up front: each reason is exported (at 0) before it first happens.
         self._counters = {r: metrics.edge_events.labels(r) for r in REASONS}
-        self._last_log: dict[str, float] = {}
-        self._quiet: dict[str, int] = dict.fromkeys(REASONS, 0)
+        # One limiter per reason: a flood of one kind must not hide the first line of another.
+        self._logs = {r: RateLimitedLog(log, settings.log_interval_s, burst=1) for r in REASONS}
 
     def event(self, reason: str, client: tuple[str, int] | None, detail: str = "") -> None:
         self._counters[reason].inc()
-        now = time.monotonic()
-        if now - self._last_log.get(reason, -1e18) < self.settings.log_interval_s:
-            self._quiet[reason] += 1
-            return
-        quiet, self._quiet[reason] = self._quiet[reason], 0
-        log.warning("edge: %s from %s%s%s", reason, f"{client[0]}:{client[1]}" if client else "?",
-                    f" ({detail})" if detail else "",
-                    f"; {quiet} more since the last such line" if quiet else "")
-        self._last_log[reason] = now
+        self._logs[reason].warning(
+            "edge: %s from %s%s", reason, f"{client[0]}:{client[1]}" if client else "?",
+            f" ({detail})" if detail else "")
 
 
 def check_fd_limit(settings: EdgeSettings) -> None:
