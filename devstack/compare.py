@@ -31,6 +31,8 @@ from devstack.stack import CPU_FLOW_ARGS, wait_http_ok
 from model_store.perfmodel import ensure_perf_model
 
 TP_NAME, PP_NAME = "perf-tp", "perf-pp"
+# The A/A report beside this one (run/compare/a-a/), as a link relative to tp-vs-pp/report.md.
+AA_LINK = str(Path("..", "a-a", "report.md"))
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -173,7 +175,7 @@ def append_setup(out: Path, setup: dict[str, object]) -> None:
         a, b = runs[0], runs[1]
         ratio = b["output_tok_s"] / a["output_tok_s"] if a["output_tok_s"] else float("nan")
         lines += [(f"A/A run (the TP pool as both targets, users={a['users']:g}, "
-                  f"{aa['rounds']} rounds each, [report](../a-a/report.md)): output tok/s "
+                  f"{aa['rounds']} rounds each, [report]({AA_LINK})): output tok/s "
                   f"{a['output_tok_s']:.1f} and {b['output_tok_s']:.1f}, ratio {ratio:.3f}; "
                   f"TTFT p50 {a['ttft_ms']['p50']:.0f} and {b['ttft_ms']['p50']:.0f} ms."), ""]
     report = out / "tp-vs-pp" / "report.md"
