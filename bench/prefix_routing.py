@@ -209,20 +209,24 @@ def summarize(kind: str, rounds: list[RoundResult], base: str) -> None:
               f"{wall:6.1f}s {hit:10.1%} {p50 / b50:6.2f} {p90 / b90:6.2f} {wall / bwall:6.2f}")
 
 
-def start_proxies(stack: LocalStack, logs: Path, router: str | None) -> tuple[dict[str, str],
-                                                                             list[Proc]]:
+def start_proxies(stack: LocalStack, logs: Path, router: str | None,
+                  slack: int) -> tuple[dict[str, str], list[Proc]]:
     urls: dict[str, str] = {}
     procs: list[Proc] = []
-    for policy in ("prefix_affinity", "least_outstanding", "round_robin"):
+    variants = {p: [p] for p in ("prefix_affinity", "least_outstanding", "round_robin")}
+    if slack:
+        variants[f"prefix_affinity+slack{slack}"] = ["prefix_affinity", "--affinity.slack",
+                                                    str(slack)]
+    for name, (policy, *extra) in variants.items():
         port = free_port()
         argv = [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(port),
                 "--log-level", "warning", "--routing-policy", policy,
-                "--no-flow.enabled", "--no-batch.enabled"]
+                "--no-flow.enabled", "--no-batch.enabled", *extra]
         for u in stack.worker_urls:
             argv += ["--backend", u]
-        procs.append(Proc(f"gateway-{policy}", argv, dict(os.environ),
-                          logs / f"gateway-{policy}.log"))
-        urls[policy] = f"http://127.0.0.1:{port}"
+        procs.append(Proc(f"gateway-{name}", argv, dict(os.environ),
+                          logs / f"gateway-{name}.log"))
+        urls[name] = f"http://127.0.0.1:{port}"
     if router:
         port = free_port()
         argv = [router, "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
@@ -251,6 +255,8 @@ def main() -> int:
                    help="requests per round of the random workload (0: skip it)")
     p.add_argument("--router", default="", help="vllm-router binary (cache_aware joins the run)")
     p.add_argument("--kv-cache-gib", type=int, default=1)
+    p.add_argument("--affinity-slack", type=int, default=0,
+                   help="also run prefix_affinity with --affinity.slack N (a fifth policy)")
     args = p.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="prefix-bench-"))
     stack = LocalStack(args.model_dir, workers=2, worker_base_port=free_port_pair(),
@@ -261,7 +267,7 @@ def main() -> int:
         t_start = time.perf_counter()
         stack.start_workers()
         stack.wait_workers(timeout_s=900)
-        urls, procs = start_proxies(stack, logs, args.router or None)
+        urls, procs = start_proxies(stack, logs, args.router or None, args.affinity_slack)
         print(f"engines and proxies up in {time.perf_counter() - t_start:.0f} s; logs {logs}",
               flush=True)
         policies = list(urls)

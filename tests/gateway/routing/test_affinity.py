@@ -111,6 +111,22 @@ def test_bounded_load_falls_back_to_least_outstanding() -> None:
     assert policy.stats.keys_moved > 0
 
 
+def test_slack_keeps_hits_home_a_little_past_the_bound() -> None:
+    pool = backends(2)
+    policy = PrefixAffinity(AffinitySettings(balance=0.25, slack=1))
+    s = Session(2)
+    home = policy.pick(pool, s.next_request())
+    assert home is not None
+    other = pool[1] if home is pool[0] else pool[0]
+    s.answered()
+    req = s.next_request()
+    home.outstanding, other.outstanding = 3, 0  # bound 3, slack 1: 4 of 4 may stay home
+    assert policy.pick(pool, req) is home
+    home.outstanding = 5  # 6 of 6 > ceil(1.25 x 6 / 2) + 1 = 5: over even with the slack
+    assert policy.pick(pool, req) is other
+    assert policy.stats.fallbacks["overloaded"] == 1
+
+
 def test_a_miss_never_goes_above_the_mean() -> None:
     pool = backends(2)
     policy = PrefixAffinity()
