@@ -2,7 +2,7 @@
 
     flock /work/locks/engine.lock python -m bench.prefix_routing \\
         --model-dir models/SmolLM2-135M-Instruct [--sessions 48] [--turns 3] [--concurrency 4]
-        [--router /work/venvs/vllm-router/bin/vllm-router]
+        [--router path/to/vllm-router]  (pip install vllm-router, in a venv of its own)
 
 Two vLLM-CPU replicas (one core each, 1 GiB KV cache, prefix caching on: vLLM's default) serve
 the demo model. In front of them, on the same replicas: three gateways (prefix_affinity,
