@@ -1,6 +1,6 @@
 """Prefix-cache-aware routing on real engines: prefix_affinity against the other policies.
 
-    flock /work/locks/engine.lock python -m bench.prefix_routing \\
+    python -m bench.prefix_routing \\
         --model-dir models/SmolLM2-135M-Instruct [--sessions 48] [--turns 3] [--concurrency 4]
         [--router path/to/vllm-router]  (pip install vllm-router, in a venv of its own)
 
