@@ -33,6 +33,8 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from bench.gateway_overhead import free_port, wait_ok
+
 REQUEST_LINE = b"GET /v1/models HTTP/1.1\r\nhost: gw\r\n"
 MiB = 1024 * 1024
 
@@ -319,25 +321,6 @@ def idle_flood(host: str, port: int, count: int, hold_s: float, procs: int = 2) 
 
 # -- the benchmark ------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ok(url: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(url)
-
-
 def _backends_up(url: str) -> float:
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
@@ -357,7 +340,7 @@ def run_one(label: str, cmd: str, cwd: str, port: int, probe: int,
                             start_new_session=True, cwd=cwd)
     host, url = "127.0.0.1", f"http://127.0.0.1:{port}"
     try:
-        _wait_ok(url + "/ready")
+        wait_ok(url + "/ready")
         time.sleep(0.5)
         pid = proc.pid
         baseline = Poller(host, port, "/v1/models", 0.01, keep_alive=True)
@@ -464,21 +447,21 @@ def main() -> int:
     p.add_argument("--body-timeout-s", type=float, default=5.0)
     p.add_argument("--bomb-timeout-s", type=float, default=30.0)
     args = p.parse_args()
-    up_port = _free_port()
+    up_port = free_port()
     upstream = subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", "--port",
                                  str(up_port)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
     base = (f"{sys.executable} -m gateway --host 127.0.0.1 --port {{port}} --backend "
             f"http://127.0.0.1:{up_port} --log-level warning")
     try:
-        _wait_ok(f"http://127.0.0.1:{up_port}/health")
+        wait_ok(f"http://127.0.0.1:{up_port}/health")
         report: list[str] = []
         for extra in args.gateway_from:
             label, _, path = extra.partition("=")
-            port = _free_port()
+            port = free_port()
             report += run_one(label, base.format(port=port), path, port, port, args)
         if not args.no_current:
-            port, probe = _free_port(), _free_port()
+            port, probe = free_port(), free_port()
             cmd = (base.format(port=port) + f" --edge.probe-port {probe} --edge.head-timeout-s "
                    f"{args.head_timeout_s:g} --edge.body-timeout-s {args.body_timeout_s:g}")
             report += run_one("this checkout", cmd, os.getcwd(), port, probe, args)
