@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from model_store.hashing import manifest_of
@@ -53,7 +54,9 @@ def build(tokenizer_dir: Path, out: Path, seed: int) -> None:
             shutil.copy2(tokenizer_dir / name, out / name)
 
 
-def ensure_perf_model(tokenizer_dir: Path, dest: Path, seed: int = 0, log=print) -> Path:  # type: ignore[no-untyped-def]
+def ensure_perf_model(
+    tokenizer_dir: Path, dest: Path, seed: int = 0, log: Callable[[str], object] = print
+) -> Path:
     """Produce the checkpoint at `dest` unless it is already complete (then a no-op)."""
     dest = Path(dest)
     if is_complete(dest):
