@@ -47,6 +47,11 @@ WHOLE_TOLERANCE = 2.0
 # Each whole answer moves the best this share of the way toward itself: a best set in a quiet
 # moment (a cache hit, a tiny prompt) must not brand every later answer as slow.
 BEST_DRIFT = 0.005
+# The best per-token latency is never taken below this: answers faster than 5 ms a token are the
+# gateway's and the network's own jitter (a near-free upstream, a busy gateway core), not an
+# engine's decode, and against a best of microseconds every scheduling hiccup read as a 2x miss and
+# cut the limit (503s from a healthy upstream in tests/gateway/flow/test_shared_limits.py).
+MIN_BEST_PER_TOKEN_S = 0.005
 
 
 class AimdLimiter:
@@ -104,7 +109,7 @@ class AimdLimiter:
         self._best_per_token = best
         if best <= 0.0:
             return
-        ratio = per_token / best  # >= 1
+        ratio = max(1.0, per_token / max(best, MIN_BEST_PER_TOKEN_S))
         # Mapped onto the streamed scale: the best is no latency, WHOLE_TOLERANCE x is the target.
         self.on_sample(self._target * (ratio - 1.0) / (WHOLE_TOLERANCE - 1.0), dispatched_at,
                        in_flight)

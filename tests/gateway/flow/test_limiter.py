@@ -138,3 +138,18 @@ def test_streamed_and_whole_answers_share_one_limit(clock: FakeClock) -> None:
     lim.on_whole_sample(0.02 * 11, 10, clock(), in_flight=10)
     lim.on_sample(0.1, clock(), in_flight=10)
     assert lim.limit == 12  # one slot from each class (slow start)
+
+
+def test_whole_answers_faster_than_an_engine_decodes_are_no_signal(clock: FakeClock) -> None:
+    """A near-free upstream answers in microseconds per token; a busy gateway core then adds a few
+    ms. Against a best of 0.1 ms that read as a 30x miss and cut the limit (503s from a healthy
+    upstream); below MIN_BEST_PER_TOKEN_S it is jitter, not load."""
+    lim = AimdLimiter(initial=8, floor=2, ceiling=1024, target_s=3.0, clock=clock)
+    lim.on_whole_sample(0.0001 * 11, 10, clock(), in_flight=8)
+    before = lim.limit
+    clock.advance(1)
+    lim.on_whole_sample(0.003 * 11, 10, clock(), in_flight=before)  # 3 ms a token: still fast
+    assert lim.limit >= before
+    clock.advance(1)
+    lim.on_whole_sample(0.015 * 11, 10, clock(), in_flight=lim.limit)  # 3x the 5 ms floor: a miss
+    assert lim.limit < before

@@ -96,6 +96,8 @@ async def _burst(urls: list[str], n: int) -> tuple[list[int], list[int], float]:
         started = time.monotonic()
         await asyncio.gather(*(one(i) for i in range(n)))
         elapsed = time.monotonic() - started
+    other = sorted(c for s in statuses for c in s if c not in (200, 429))
+    assert not other, f"statuses other than 200 and 429: {other}"
     return ([s.count(200) for s in statuses], [s.count(429) for s in statuses], elapsed)
 
 
