@@ -38,10 +38,10 @@ model: install
 test: install model checkov-venv system-deps
 	LLMSERVE_MODEL_DIR=$(abspath $(MODEL_DIR)) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The fast tier, under a minute: no engines, no chart rendering (`make chart-test`), no loopback
-# S3 server (`pytest -m s3` runs those; their processes and transfers take ~40 s on their own).
+# The fast tier, under a minute on 2 pytest-xdist workers: no engines, no `slow` process stacks, no
+# chart rendering (`make chart-test`), no loopback S3 or Redis server (the full tier runs them all).
 test-fast: install
-	$(BIN)/python -m pytest -m "not engine and not helm and not s3 and not redis" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine and not helm and not s3 and not redis and not slow" -n 2 $(PYTEST_ARGS)
 
 # System packages the full suite runs for real, from Debian's archive: prometheus (the server and
 # promtool: alert rules, dashboard queries) and redis-server (limits shared between gateways).

@@ -5,9 +5,12 @@ from __future__ import annotations
 import gc
 import socket
 
+import pytest
+
 from bench.fake_upstream import start_in_thread
 
 
+@pytest.mark.slow
 def test_a_connection_accepted_as_it_stops_is_closed_not_leaked() -> None:
     # A client connecting the instant before the upstream stops (a health probe, say) used to
     # leave the server side's socket open on CPython 3.11 (its transport was set up after the

@@ -7,10 +7,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from devstack.compare import append_setup, tree_cpu_seconds
 from devstack.procs import Proc
 
 
+@pytest.mark.slow
 def test_tree_cpu_counts_a_busy_grandchild_and_not_an_idle_tree(tmp_path: Path) -> None:
     spin = "import time\nt = time.time()\nwhile time.time() - t < 3: pass\n"
     parent = ("import subprocess, sys, time\n"

@@ -184,6 +184,7 @@ def test_a_chunked_body_over_the_limit_is_cut_with_413(gw: Gateway) -> None:
     assert gw.metric("llmserve_edge_events_total", 'reason="body_unread"') >= 1
 
 
+@pytest.mark.slow
 def test_floods_leave_the_probes_answering_and_are_closed_at_the_timeouts(gw: Gateway) -> None:
     fds = fd_count(gw.pid)
     cap_refusals = gw.metric("llmserve_edge_events_total", 'reason="connection_cap"')
@@ -232,6 +233,7 @@ def test_the_probe_port_serves_probes_only(gw: Gateway) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
+@pytest.mark.slow
 def test_the_probe_port_answers_through_the_drain() -> None:
     """The API listener closes at SIGTERM; the probe listener stays until the drain is over, so
     the kubelet reads /ready 503 (and /health 200), not a refused connection."""

@@ -27,6 +27,7 @@ def _compare(*args: str) -> subprocess.CompletedProcess[str]:
                           env=env)
 
 
+@pytest.mark.slow
 def test_compare_two_pools_writes_report_pngs_and_summary(upstreams: UpstreamFactory,
                                                           tmp_path: Path) -> None:
     # Pool "m-pp" answers each token twice as slowly as "m-tp": B/A output tok/s well below 1.

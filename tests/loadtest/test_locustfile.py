@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from loadtest.metrics import RequestRecord
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
@@ -31,6 +33,7 @@ def _records(tmp_path: Path) -> list[RequestRecord]:
             for line in (tmp_path / "records.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_closed_loop_times_tokens_not_headers(upstreams: UpstreamFactory, tmp_path: Path) -> None:
     # 16 tokens 20 ms apart after 100 ms: TTFT ~100 ms, E2EL ~400 ms, while locust's own row
     # stops at the headers (which the gateway sends with the first upstream byte).
@@ -55,6 +58,7 @@ def test_closed_loop_times_tokens_not_headers(upstreams: UpstreamFactory, tmp_pa
     assert "loadtest summary" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_open_loop_sends_at_the_rate_whatever_the_server_pace(upstreams: UpstreamFactory,
                                                               tmp_path: Path) -> None:
     # 20 req/s for 3 s against answers that take ~0.4 s: a closed loop of 1 user would send

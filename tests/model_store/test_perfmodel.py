@@ -33,6 +33,7 @@ def test_shape_splits_for_tp2_and_pp2_by_vllms_rules() -> None:
     assert s["hidden_size"] == heads * s["head_dim"]
 
 
+@pytest.mark.slow
 def test_seeded_build_is_reproducible_and_marked(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")

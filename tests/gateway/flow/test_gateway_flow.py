@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gateway.flow.keys import hash_key
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
@@ -120,6 +121,7 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.slow
 async def test_slow_reader_memory_is_bounded(upstreams: UpstreamFactory) -> None:
     """A client that stops reading mid-stream: the gateway (its own process here, so its RSS is
     its own) stops reading upstream past the h1 transport's 256 KiB high-water mark instead of

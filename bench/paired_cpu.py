@@ -1,0 +1,96 @@
+"""CPU per request of two gateway checkouts, both on one core AT THE SAME TIME, at a real pace.
+
+Why: bench/real_pace.py runs proxies one after another, and on a shared machine (vLLM engines of
+other benchmarks on the same cores) the noise between rounds was larger (±15%) than the
+per-request changes to measure. Here both gateways run side by side on CPU 0 under the same
+open-loop load (the paced fake upstream and the client on CPU 1), so whatever else the machine
+does hits both alike. CPU time is each process's exact on-CPU time (/proc/PID/task/*/schedstat),
+not utime/stime, which this kernel samples per tick and which then split one core's ticks between
+the two. Keep the total load well under one core (e.g. 60-100 req/s each): a saturated core gives
+each process its fair share, whatever its work.
+
+    python -m bench.paired_cpu new=/path/a old=/path/b [--rate 60] [--duration 6] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from bench.gateway_overhead import free_port, start, stop_all, wait_ok
+from bench.real_pace import Round, open_loop, pct
+
+
+def on_cpu_seconds(pid: int) -> float:
+    total = 0
+    for f in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(f.read_text().split()[0])
+        except OSError:
+            continue
+    return total / 1e9
+
+
+async def _load(ports: list[int], rate: float, duration: float) -> list[Round]:
+    return list(await asyncio.gather(*(open_loop(p, rate, duration, 64) for p in ports)))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.paired_cpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkouts", nargs=2, metavar="LABEL=DIR", help="two gateway checkouts")
+    p.add_argument("--rate", type=float, default=60.0, help="requests/s to EACH gateway")
+    p.add_argument("--duration", type=float, default=6.0, help="measured seconds per repeat")
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    specs = [c.partition("=")[::2] for c in args.checkouts]
+    import uvloop
+
+    uvloop.install()
+    os.sched_setaffinity(0, {1})
+    up = free_port()
+    upstream = start(f"{sys.executable} -m bench.fake_upstream --port {up} --tokens 64 "
+                     "--token-delay-s 0.02 --first-token-delay-s 0.1", "1")
+    cpu: dict[str, list[float]] = {label: [] for label, _ in specs}
+    try:
+        wait_ok(f"http://127.0.0.1:{up}/health")
+        for r in range(args.repeats):
+            procs = []
+            for _, path in specs:
+                port = free_port()
+                # From its own directory: `python -m` puts the working directory before PYTHONPATH.
+                procs.append((start(f"env -C {path} PYTHONPATH={path} {sys.executable} -m gateway "
+                                    f"--host 127.0.0.1 --port {port} --backend "
+                                    f"http://127.0.0.1:{up} --log-level warning", "0"), port))
+            try:
+                for _, port in procs:
+                    wait_ok(f"http://127.0.0.1:{port}/ready", 30)
+                ports = [port for _, port in procs]
+                asyncio.run(_load(ports, args.rate, 1.5))  # warm: pools, adaptive limits
+                before = [on_cpu_seconds(proc.pid) for proc, _ in procs]
+                outs = asyncio.run(_load(ports, args.rate, args.duration))
+                for (label, _), (proc, _), c0, out in zip(specs, procs, before, outs, strict=True):
+                    served = out.served
+                    us = (on_cpu_seconds(proc.pid) - c0) / max(served, 1) * 1e6
+                    cpu[label].append(us)
+                    print(f"repeat {r + 1} {label:10s} served {served} errors "
+                          f"{out.errors} CPU/req {us:6.0f} us TTFT p99 "
+                          f"{pct(out.ttft, .99) * 1e3:.0f} ms", flush=True)
+            finally:
+                stop_all([proc for proc, _ in procs])
+    finally:
+        stop_all([upstream])
+    (a, _), (b, _) = specs
+    pairs = [x / y for x, y in zip(cpu[a], cpu[b], strict=True)]
+    print(f"\n{args.rate:.0f} req/s to each, {args.duration:.0f} s x {args.repeats}: CPU/req "
+          f"{a} {statistics.median(cpu[a]):.0f} us, {b} {statistics.median(cpu[b]):.0f} us; "
+          f"paired ratios {a}/{b} " + " ".join(f"{x:.3f}" for x in pairs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
