@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from devstack.procs import Proc
+from devstack.procs import Proc, process_table
 from devstack.stack import CPU_FLOW_ARGS, wait_http_ok
 from model_store.perfmodel import ensure_perf_model
 
@@ -77,17 +77,7 @@ def start_pools(model: Path, logs: Path) -> tuple[dict[str, list[Proc]], dict[st
 
 def tree_cpu_seconds(procs: list[Proc]) -> float:
     """User + system CPU seconds of these processes and all their live descendants."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text[text.rfind(")") + 2:].split()
-        pid = int(stat.parent.name)
-        stats[pid] = fields
-        children.setdefault(int(fields[1]), []).append(pid)
+    children, stats = process_table()
     total, todo, seen = 0.0, [p.pid for p in procs], set()
     while todo:
         pid = todo.pop()

@@ -13,6 +13,23 @@ import time
 from pathlib import Path
 
 
+def process_table() -> tuple[dict[int, list[int]], dict[int, list[str]]]:
+    """Live processes from /proc: parent pid -> child pids, and pid -> the fields of its
+    /proc/PID/stat after the command name (field 1 is the ppid, 11 and 12 utime and stime)."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2 :].split()
+        pid = int(stat.parent.name)
+        stats[pid] = fields
+        children.setdefault(int(fields[1]), []).append(pid)
+    return children, stats
+
+
 class Proc:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.name = name
@@ -40,14 +57,7 @@ class Proc:
     def descendant_groups(self) -> set[int]:
         """Process groups of every descendant. The worker launcher starts vLLM in a session of its
         own, so vLLM is not in our group: killing the launcher alone would orphan it."""
-        children: dict[int, list[int]] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                text = stat.read_text()
-            except OSError:
-                continue
-            ppid = int(text[text.rfind(")") + 2 :].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
+        children, _ = process_table()
         groups: set[int] = set()
         todo = list(children.get(self.popen.pid, []))
         while todo:
