@@ -45,6 +45,35 @@ def _say(msg: str) -> None:
     print(f"[compare {datetime.now(UTC):%H:%M:%S}] {msg}", flush=True)
 
 
+def wait_for(s: CompareSettings, model: str) -> None:
+    """Until `model` answers a one-token request, for at most --wait: a Job installed with the
+    release starts before the engines have loaded their weights."""
+    headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
+    body = {"model": model, "max_tokens": 1,
+            "messages": [{"role": "user", "content": "ping"}]}
+    deadline = time.monotonic() + s.wait_s
+    last = "no answer yet"
+    next_line = 0.0
+    while True:
+        try:
+            r = httpx.post(s.host + "/v1/chat/completions", json=body, headers=headers,
+                           timeout=30)
+            if r.status_code == 200:
+                return
+            if r.status_code in (400, 401, 403, 404):  # will not change by waiting
+                raise RuntimeError(f"{model}: HTTP {r.status_code} {r.text[:200]}")
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        if now > deadline:
+            raise RuntimeError(f"{model} did not answer within --wait {s.wait} ({last})")
+        if now >= next_line:
+            _say(f"waiting for {model}: {last}; {deadline - now:.0f}s left")
+            next_line = now + 30
+        time.sleep(min(5.0, max(0.0, deadline - now)))
+
+
 def warm_up(s: CompareSettings, model: str) -> None:
     """A few sequential requests of the workload: engines compile and cache per prompt shape,
     and the first requests after start-up are slower than the rest."""
@@ -97,7 +126,7 @@ def run_one(s: CompareSettings, run: Run, index: int, total: int, out: Path) -> 
     records.unlink(missing_ok=True)
     log = out / "logs" / f"{tag}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    before = gateway_view.counters(s.host, run.model) if s.cross_check else None
+    before = gateway_view.counters(s.host, run.model, s.metrics_from) if s.cross_check else None
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     t0 = time.monotonic()
@@ -126,7 +155,7 @@ def run_one(s: CompareSettings, run: Run, index: int, total: int, out: Path) -> 
         # client read it: wait briefly for its counters to catch up.
         deadline = time.monotonic() + 5
         while True:
-            after = gateway_view.counters(s.host, run.model)
+            after = gateway_view.counters(s.host, run.model, s.metrics_from)
             check = gateway_view.cross_check(before, after, len(run.records), client_tokens,
                                              s.tolerance)
             if check["ok"] or time.monotonic() > deadline:
@@ -170,6 +199,8 @@ def main(argv: list[str]) -> int:
     started = datetime.now(UTC)
     targets = []
     for label, model in s.target_pairs():
+        if s.wait_s:
+            wait_for(s, model)
         layout = gateway_view.layout_of(s.host, model, s.api_key)
         targets.append({"label": label, "model": model, "layout": layout})
         _say(f"target {label}: {model}, layout {layout.to_dict()}")
@@ -188,6 +219,8 @@ def main(argv: list[str]) -> int:
     command = "python -m loadtest compare " + shlex.join(_redact(argv))
     failed = report.write(out, s, targets, plan, results, command, started)
     _say(f"report: {out / 'report.md'}")
+    if s.print_report:
+        print((out / "report.md").read_text(), flush=True)
     if failed:
         print(f"python -m loadtest compare: error: cross-check FAILED: client and gateway counts "
               f"differ by more than {s.tolerance:.0%} in {len(failed)} run(s): "

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -59,21 +61,45 @@ class Counters:
     by_status: dict[str, float]
 
 
-def counters(host: str, model: str) -> Counters:
-    """The gateway's llmserve_requests_total and llmserve_output_tokens_total for one model."""
-    text = httpx.get(host + "/metrics", timeout=10).text
+def metrics_urls(host: str, sources: Sequence[str]) -> list[str]:
+    """The /metrics pages the cross-check sums. A Service in front of several gateway replicas
+    answers a scrape from one of them, so their counters must be read pod by pod: `dns:NAME:PORT`
+    stands for every address a headless Service resolves to at the time of the scrape."""
+    if not sources:
+        return [host + "/metrics"]
+    urls = []
+    for src in sources:
+        if not src.startswith("dns:"):
+            urls.append(src)
+            continue
+        name, _, port = src[4:].rpartition(":")
+        try:
+            infos = socket.getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise RuntimeError(f"--metrics-from {src}: {name} does not resolve ({exc})") from None
+        for addr in sorted({str(i[4][0]) for i in infos}):
+            urls.append(f"http://[{addr}]:{port}/metrics" if ":" in addr
+                        else f"http://{addr}:{port}/metrics")
+    return urls
+
+
+def counters(host: str, model: str, sources: Sequence[str] = ()) -> Counters:
+    """The gateway's llmserve_requests_total and llmserve_output_tokens_total for one model,
+    summed over every gateway replica named by `sources` (default: the one behind `host`)."""
     requests = tokens = 0.0
     by_status: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.labels.get("model") != model:
-                continue
-            if s.name == "llmserve_requests_total":
-                requests += s.value
-                status = s.labels.get("status", "?")
-                by_status[status] = by_status.get(status, 0.0) + s.value
-            elif s.name == "llmserve_output_tokens_total":
-                tokens += s.value
+    for url in metrics_urls(host, sources):
+        text = httpx.get(url, timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.labels.get("model") != model:
+                    continue
+                if s.name == "llmserve_requests_total":
+                    requests += s.value
+                    status = s.labels.get("status", "?")
+                    by_status[status] = by_status.get(status, 0.0) + s.value
+                elif s.name == "llmserve_output_tokens_total":
+                    tokens += s.value
     return Counters(requests, tokens, by_status)
 
 

@@ -54,11 +54,21 @@ class CompareSettings(BaseSettings):
     warmup_requests: int = Field(4, ge=0, description="requests per target before measuring")
     out: Path = Field(Path("run/compare"), description="directory for report.md, PNGs, JSON")
     api_key: str = Field("", description="Bearer key, if the gateway requires one")
+    api_key_file: Path | None = Field(None, description="read the Bearer key from this file (a "
+                                                        "mounted Secret) instead of --api-key")
     tolerance: float = Field(0.02, gt=0, lt=1, description="cross-check: largest relative "
                                                            "client/gateway difference")
     accelerator: str = Field("GPU", description="what one TP x PP rank runs on, for labels "
                                                 "(make compare on CPU: core)")
     cross_check: bool = Field(True, description="compare counts with the gateway's /metrics")
+    metrics_from: list[str] = Field(
+        default_factory=list,
+        description="where the cross-check reads the gateway's counters, summed: URLs of /metrics, "
+                    "or dns:NAME:PORT for every address of a headless Service (a gateway with "
+                    "several replicas behind one Service; default: HOST/metrics)")
+    wait: str = Field("0s", description="how long to wait for each target to answer before the "
+                                        "warm-up (a Job started with the release: 30m)")
+    print_report: bool = Field(False, description="print report.md at the end (a Job's log)")
 
     @field_validator("host")
     @classmethod
@@ -86,6 +96,26 @@ class CompareSettings(BaseSettings):
             raise ValueError(f"{v!r}: locust runs whole seconds (1s or more)")
         return v
 
+    @field_validator("wait")
+    @classmethod
+    def _wait(cls, v: str) -> str:
+        if v.strip() not in ("0", "0s"):
+            parse_duration(v)
+        return v
+
+    @field_validator("metrics_from")
+    @classmethod
+    def _metrics_from(cls, v: list[str]) -> list[str]:
+        for src in v:
+            if src.startswith("dns:"):
+                name, _, port = src[4:].rpartition(":")
+                if not name or not port.isdigit():
+                    raise ValueError(f"{src!r}: write dns:NAME:PORT, e.g. "
+                                     "dns:llm-llmserve-gateway-headless:8001")
+            elif not src.startswith(("http://", "https://")):
+                raise ValueError(f"{src!r} is neither a URL nor dns:NAME:PORT")
+        return v
+
     @field_validator("workload")
     @classmethod
     def _workload(cls, v: str) -> str:
@@ -99,6 +129,19 @@ class CompareSettings(BaseSettings):
         parse_slos(v)
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _key_from_file(cls, data: Any) -> Any:
+        path = data.get("api_key_file") if isinstance(data, dict) else None
+        if path:
+            if data.get("api_key"):
+                raise ValueError("--api-key-file: give the key or the file, not both")
+            try:
+                data = {**data, "api_key": Path(path).read_text(encoding="utf-8").strip()}
+            except OSError as exc:
+                raise ValueError(f"--api-key-file: cannot read {path}: {exc.strerror}") from None
+        return data
+
     @model_validator(mode="after")
     def _levels(self) -> CompareSettings:
         if bool(self.users) == bool(self.rate):
@@ -111,6 +154,10 @@ class CompareSettings(BaseSettings):
     @property
     def duration_s(self) -> float:
         return parse_duration(self.duration)
+
+    @property
+    def wait_s(self) -> float:
+        return 0.0 if self.wait.strip() in ("0", "0s") else parse_duration(self.wait)
 
     @property
     def mode(self) -> str:

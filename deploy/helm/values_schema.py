@@ -252,6 +252,7 @@ SCHEMA: dict[str, Any] = {
                 "platform": image,
                 "workerGpu": image,
                 "workerCpu": image,
+                "loadtest": image,
             },
             required=["platform", "workerGpu", "workerCpu"],
         ),
@@ -419,6 +420,32 @@ SCHEMA: dict[str, Any] = {
             }
         ),
         "networkPolicy": obj({"enabled": B, "metricsFrom": LIST, "gatewayFrom": LIST}),
+        # The in-cluster comparison Job (templates/loadtest/compare-job.yaml); the flags it
+        # renders are parsed again by the tool itself (tests/deploy/test_compare_job.py).
+        "compare": obj(
+            {
+                "enabled": B,
+                "targets": {"type": "array", "items": s(pattern=r"^[^=]+=.+$"),
+                            "uniqueItems": True},
+                "users": s(pattern=r"^([0-9]+(,[0-9]+)*)?$"),
+                "rate": s(pattern=r"^([0-9.]+(,[0-9.]+)*)?$"),
+                "duration": s(pattern=r"^[0-9]+(s|m|h)?$"),
+                "rounds": i(1, maximum=20),
+                "workload": s(enum=["chat", "long-prompt", "long-output", "shared-prefix"]),
+                "slos": {"type": "array", "items": s(pattern=r"^(ttft_ms|tpot_ms|e2el_ms)=")},
+                "wait": s(pattern=r"^[0-9]+(s|m|h)?$"),
+                "extraArgs": {"type": "array", "items": s()},
+                "apiKeySecret": obj({"name": s(), "key": s()}),
+                "output": obj({"existingClaim": s()}),
+                "backoffLimit": i(0),
+                "activeDeadlineSeconds": i(60),
+                "resources": resources,
+                "nodeSelector": STRMAP,
+                "tolerations": LIST,
+            },
+            **{"if": {"properties": {"enabled": {"const": True}}},
+               "then": {"properties": {"targets": {"minItems": 2, "maxItems": 2}}}},
+        ),
         "metrics": obj(
             {
                 "labels": STRMAP,

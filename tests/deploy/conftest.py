@@ -122,6 +122,17 @@ MATRIX: dict[str, dict[str, Any]] = {
         ],
         "gateway": {"runtimeClassName": "gvisor", "ingress": {"enabled": True}},
     },
+    # The in-cluster comparison Job, with a restricted gateway ingress it must be let through.
+    "compare-job": {
+        "models": [_pool("tp1", servedModelName="m-tp"),
+                   _pool("pp2", servedModelName="m-pp", pipelineParallelSize=2,
+                         multiNode={"nodes": 2})],
+        "compare": {"enabled": True, "targets": ["tp=m-tp", "pp=m-pp"], "users": "1,4",
+                    "slos": ["ttft_ms=800"], "apiKeySecret": {"name": "keys", "key": "compare"},
+                    "output": {"existingClaim": "reports"}},
+        "networkPolicy": {"gatewayFrom": [{"namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": "apps"}}}]},
+    },
     "minio-with-its-credentials": {
         "minio": {"enabled": True},
         "models": [_pool("tp1", tensorParallelSize=1)],

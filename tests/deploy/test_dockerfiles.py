@@ -14,7 +14,8 @@ from tests.deploy.manifests import CHART, REPO, load_values
 pytestmark = pytest.mark.helm
 
 DOCKER = REPO / "deploy" / "docker"
-IMAGES = {"platform": "platform", "workerGpu": "worker-gpu", "workerCpu": "worker-cpu"}
+IMAGES = {"platform": "platform", "workerGpu": "worker-gpu", "workerCpu": "worker-cpu",
+          "loadtest": "loadtest"}
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:
@@ -60,7 +61,7 @@ def test_images_run_as_the_chart_uid_and_install_the_packages_pods_run(name: str
     for package in ("gateway", "worker", "model_store"):
         assert re.search(rf"\b{package}\b", copied), (name, package)
     (entrypoint,) = [args for word, args in steps if word == "ENTRYPOINT"]
-    module = "gateway" if name == "platform" else "worker"
+    module = {"platform": "gateway", "loadtest": "loadtest"}.get(name, "worker")
     assert entrypoint == f'["python3", "-m", "{module}"]'
 
 

@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from loadtest.gateway_view import Counters, cross_check
+from loadtest.compare import wait_for
+from loadtest.gateway_view import Counters, counters, cross_check, metrics_urls
 from loadtest.settings import settings_from_args
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
@@ -30,16 +32,19 @@ def _compare(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_compare_two_pools_writes_report_pngs_and_summary(upstreams: UpstreamFactory,
                                                           tmp_path: Path) -> None:
-    # Pool "m-pp" answers each token twice as slowly as "m-tp": B/A output tok/s well below 1.
-    tp = upstreams(model="m-tp", token_delay_s=0.005)
-    pp = upstreams(model="m-pp", token_delay_s=0.010)
+    # Pool "m-pp" answers each token 3x as slowly as "m-tp": B/A output tok/s well below 1.
+    # (Gaps of tens of ms: at 5 ms a loaded machine's scheduling noise ate the difference.)
+    tp = upstreams(model="m-tp", token_delay_s=0.010)
+    pp = upstreams(model="m-pp", token_delay_s=0.030)
     layouts = [{"name": "tp", "model": "m-tp", "tp": 2, "pp": 1, "nodes": 1},
                {"name": "pp", "model": "m-pp", "tp": 1, "pp": 2, "nodes": 2}]
     out = tmp_path / "cmp"
     with run_gateway(backends=[url_of(tp), url_of(pp)], pools=layouts) as gw:
         proc = _compare("--host", gw.url, "--target", "tp=m-tp", "--target", "pp=m-pp",
                         "--users", "1,2", "--duration", "1s", "--rounds", "1",
-                        "--warmup-requests", "1", "--max-tokens", "16", "--out", str(out))
+                        "--warmup-requests", "1", "--max-tokens", "16", "--out", str(out),
+                        "--wait", "30s", "--metrics-from", gw.url + "/metrics",
+                        "--print-report")
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     # Progress lines, in the alternating order A B A B.
     started = re.findall(r"\] run \d+/4: (\w+) \(", proc.stdout)
@@ -63,6 +68,7 @@ def test_compare_two_pools_writes_report_pngs_and_summary(upstreams: UpstreamFac
     assert summary["token_count_method"] == {"usage": sum(r["requests"] for r in runs.values())}
 
     report = (out / "report.md").read_text()
+    assert report.strip() in proc.stdout  # --print-report: the report in a Job's log
     assert "## users = 1" in report and "## users = 2" in report and "| pp/tp |" in report
     assert "vllm bench serve" in report and "python -m loadtest compare --host" in report
     assert "**all runs agree**" in report
@@ -107,3 +113,68 @@ def test_cross_check_fails_beyond_the_tolerance() -> None:
     assert not bad["ok"] and bad["output_tokens_diff"] == pytest.approx(100 / 1600)
     lost = cross_check(before, after, client_requests=97, client_tokens=1600, tolerance=0.02)
     assert not lost["ok"]
+
+
+def _chat(url: str, model: str) -> None:
+    body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
+
+
+def test_counters_sum_every_gateway_replica(upstreams: UpstreamFactory) -> None:
+    # Two gateway replicas behind one Service: a scrape through the Service sees one of them,
+    # so the cross-check must sum each replica's page.
+    up = upstreams(model="m")
+    with run_gateway(backends=[url_of(up)]) as a, run_gateway(backends=[url_of(up)]) as b:
+        for _ in range(3):
+            _chat(a.url, "m")
+        _chat(b.url, "m")
+        both = counters(a.url, "m", [a.url + "/metrics", b.url + "/metrics"])
+        port = b.url.rsplit(":", 1)[1]
+        via_dns = counters(a.url, "m", [a.url + "/metrics", f"dns:127.0.0.1:{port}"])
+        alone = counters(a.url, "m")
+    assert (both.requests, alone.requests) == (4, 3)
+    assert both.output_tokens == 4 * 4 and both.by_status == {"200": 4}
+    assert via_dns == both
+
+
+def test_metrics_urls_resolve_a_name_and_reject_an_unknown_one() -> None:
+    assert metrics_urls("http://gw:80", []) == ["http://gw:80/metrics"]
+    assert metrics_urls("http://gw:80", ["dns:127.0.0.1:8001", "http://x/metrics"]) == [
+        "http://127.0.0.1:8001/metrics", "http://x/metrics"]
+    with pytest.raises(RuntimeError, match="does not resolve"):
+        metrics_urls("http://gw:80", ["dns:no-such-host.invalid:8001"])
+
+
+def test_wait_gives_up_naming_the_last_answer(upstreams: UpstreamFactory) -> None:
+    # An engine that keeps answering 503 (still loading): --wait ends with a one-line error
+    # naming what it last saw; a model the gateway does not serve fails at once.
+    up = upstreams(model="m", fail_status=503)
+    with run_gateway(backends=[url_of(up)]) as gw:
+        s = settings_from_args(["--host", gw.url, "--target", "a=m", "--target", "b=m",
+                                "--users", "1", "--wait", "2s"])
+        with pytest.raises(RuntimeError, match=r"did not answer within --wait 2s \(HTTP 5"):
+            wait_for(s, "m")
+        with pytest.raises(RuntimeError, match="HTTP 404"):
+            wait_for(s, "other")
+
+
+def test_api_key_from_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--host", "http://x:1", "--target", "a=m", "--target", "b=m", "--users", "1"]
+    (tmp_path / "key").write_text("sk-123\n")
+    assert settings_from_args([*base, "--api-key-file", str(tmp_path / "key")]).api_key == "sk-123"
+    with pytest.raises(SystemExit):
+        settings_from_args([*base, "--api-key-file", str(tmp_path / "none")])
+    assert "--api-key-file: cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--metrics-from", "gw:8001"], "neither a URL nor dns:NAME:PORT"),
+    (["--metrics-from", "dns:gw"], "write dns:NAME:PORT"),
+    (["--wait", "later"], "not a duration"),
+])
+def test_job_flag_errors(args: list[str], match: str,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        settings_from_args(["--host", "http://x:1", "--target", "a=m", "--target", "b=m",
+                            "--users", "1", *args])
+    assert match in capsys.readouterr().err
