@@ -48,7 +48,7 @@ def _say(msg: str) -> None:
 def wait_for(s: CompareSettings, model: str) -> None:
     """Until `model` answers a one-token request, for at most --wait: a Job installed with the
     release starts before the engines have loaded their weights."""
-    headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
+    headers = gateway_view.auth_headers(s.api_key)
     body = {"model": model, "max_tokens": 1,
             "messages": [{"role": "user", "content": "ping"}]}
     deadline = time.monotonic() + s.wait_s
@@ -78,7 +78,7 @@ def warm_up(s: CompareSettings, model: str) -> None:
     """A few sequential requests of the workload: engines compile and cache per prompt shape,
     and the first requests after start-up are slower than the rest."""
     w = Workload(s.workload, s.seed + 10_000, s.max_tokens or None)
-    headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
+    headers = gateway_view.auth_headers(s.api_key)
     for i in range(s.warmup_requests):
         timer = StreamTimer(time.time(), time.perf_counter())
         with httpx.stream("POST", s.host + "/v1/chat/completions", json=w.body(model, i),

@@ -31,14 +31,14 @@ class Layout:
         return {**asdict(self), "gpus": self.gpus}
 
 
-def _headers(api_key: str) -> dict[str, str]:
+def auth_headers(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def layout_of(host: str, model: str, api_key: str = "") -> Layout:
     """The target's layout from the gateway's /v1/models `llmserve` field; a model the gateway
     does not list is an error (nothing to measure)."""
-    r = httpx.get(host + "/v1/models", headers=_headers(api_key), timeout=10)
+    r = httpx.get(host + "/v1/models", headers=auth_headers(api_key), timeout=10)
     if r.status_code != 200:
         raise RuntimeError(f"GET {host}/v1/models answered {r.status_code}: {r.text[:200]}")
     models = {m.get("id"): m for m in r.json().get("data", [])}
