@@ -65,7 +65,7 @@ system-deps:
 .PHONY: compare
 PERF_MODEL_DIR ?= models/perf-llama-tp2
 compare: install model
-	$(BIN)/python -m devstack.compare --demo-dir $(MODEL_DIR) --perf-dir $(PERF_MODEL_DIR) --out run/compare
+	$(BIN)/python -m devstack.compare --demo-dir $(MODEL_DIR) --perf-dir $(PERF_MODEL_DIR) --out run/compare $(COMPARE_FLAGS)
 
 lint: install
 	$(BIN)/ruff check gateway worker model_store devstack tests bench loadtest

@@ -42,31 +42,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker_env(model: Path, name: str, **settings: str) -> dict[str, str]:
+def _worker_env(model: Path, name: str, nice: int, **settings: str) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.update({"WORKER_MODEL_PATH": str(model), "WORKER_SERVED_MODEL_NAME": name,
                 "WORKER_DEVICE": "cpu", "WORKER_HOST": "127.0.0.1",
                 "WORKER_CPU_KVCACHE_SPACE_GIB": "1", "WORKER_DRAIN_TIMEOUT_S": "5",
                 # The gateway and the load client share these cores (devstack.stack's reason).
-                "WORKER_NICE": "10"})
+                "WORKER_NICE": str(nice)})
     env.update({f"WORKER_{k.upper()}": v for k, v in settings.items()})
     return env
 
 
-def start_pools(model: Path, logs: Path) -> tuple[dict[str, list[Proc]], dict[str, str]]:
+def start_pools(model: Path, logs: Path,
+                nice: int = 10) -> tuple[dict[str, list[Proc]], dict[str, str]]:
     tp_port, pp_port, master_port = free_port(), free_port(), free_port()
     worker = [sys.executable, "-m", "worker"]
     tp = Proc("tp-pool", worker, _worker_env(
-        model, TP_NAME, tensor_parallel_size="2", port=str(tp_port), cpu_threads_bind="0|1"),
+        model, TP_NAME, nice, tensor_parallel_size="2", port=str(tp_port), cpu_threads_bind="0|1"),
         logs / "tp-pool.log")
     lws = {"LWS_LEADER_ADDRESS": "127.0.0.1", "LWS_GROUP_SIZE": "2"}
     pp_settings = {"pipeline_parallel_size": "2", "master_port": str(master_port),
                    "port": str(pp_port)}
-    leader = Proc("pp-leader", worker, {**_worker_env(model, PP_NAME, cpu_threads_bind="0",
+    leader = Proc("pp-leader", worker, {**_worker_env(model, PP_NAME, nice, cpu_threads_bind="0",
                                                       **pp_settings),
                                         **lws, "LWS_WORKER_INDEX": "0"}, logs / "pp-leader.log")
-    follower = Proc("pp-follower", worker, {**_worker_env(model, PP_NAME, cpu_threads_bind="1",
+    follower = Proc("pp-follower", worker, {**_worker_env(model, PP_NAME, nice, cpu_threads_bind="1",
                                                           **pp_settings),
                                             **lws, "LWS_WORKER_INDEX": "1"},
                     logs / "pp-follower.log")
@@ -186,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", default="20s", help="one run's length")
     p.add_argument("--rounds", type=int, default=2, help="A B runs per level")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
+    p.add_argument("--engine-nice", type=int, default=10, metavar="0-19",
+                   help="CPU nice of the engines' sessions (worker --nice): 10 lets the gateway and "
+                        "the client answer first; on a machine shared with other work, 0, or the "
+                        "engines get a tenth of a core each and start in tens of minutes")
     p.add_argument("--idle-window-s", type=float, default=10.0, help="CPU sampling window")
     args = p.parse_args(argv)
 
     model = ensure_perf_model(args.demo_dir, args.perf_dir)
     logs = args.out / "logs"
-    pools, urls = start_pools(model, logs)
+    pools, urls = start_pools(model, logs, args.engine_nice)
     procs = [proc for group in pools.values() for proc in group]
     gateway: Proc | None = None
     t_start = time.monotonic()
