@@ -44,15 +44,22 @@ def ttft_cdf(path: Path, series: dict[tuple[str, float], list[float]], labels: l
 
 def _lines(ax: Any, results: list[dict[str, Any]], labels: list[str], x: Any, y: Any,
            annotate: Any = None) -> None:
+    """One line per target, both axes from 0 to 25% past the largest value: room for the level
+    labels, and a single level (an A/A run) is a visible point, not one on the frame."""
+    all_x: list[float] = []
+    all_y: list[float] = []
     for i, label in enumerate(labels):
         rows = [r for r in results if r["label"] == label]
         xs, ys = [x(r) for r in rows], [y(r) for r in rows]
+        all_x += xs
+        all_y += ys
         ax.plot(xs, ys, marker="o", color=COLORS[i % 2], label=label)
-        ax.margins(0.15)  # room for the level labels at the edges
         if annotate:
             for r, xv, yv in zip(rows, xs, ys, strict=True):
                 ax.annotate(annotate(r), (xv, yv), textcoords="offset points", xytext=(4, 4),
                             fontsize=7, color=COLORS[i % 2])
+    ax.set_xlim(0, 1.25 * max(all_x, default=1.0) or 1.0)
+    ax.set_ylim(0, 1.25 * max(all_y, default=1.0) or 1.0)
 
 
 def throughput(path: Path, results: list[dict[str, Any]], labels: list[str], mode: str) -> None:
@@ -61,7 +68,6 @@ def throughput(path: Path, results: list[dict[str, Any]], labels: list[str], mod
     ax.set_xlabel("concurrent users" if mode == "users" else "arrival rate (req/s)")
     ax.set_ylabel("output tok/s")
     ax.set_title(f"Output tokens per second against {mode}")
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend()
     _save(fig, path)
@@ -75,8 +81,6 @@ def latency_throughput(path: Path, results: list[dict[str, Any]], labels: list[s
     ax.set_xlabel("output tok/s")
     ax.set_ylabel("TPOT p50 (ms)")
     ax.set_title("Latency against throughput (one point per level)")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend()
     _save(fig, path)
@@ -94,8 +98,6 @@ def pareto(path: Path, results: list[dict[str, Any]], labels: list[str], gpus: d
     ax.set_ylabel(f"output tok/s per {unit}")
     ax.set_title(f"Per-{unit} Pareto view ({unit}s = TP x PP x replicas: "
                  + ", ".join(f"{k} {v}" for k, v in gpus.items()) + ")", fontsize=9)
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend()
     _save(fig, path)
