@@ -192,6 +192,11 @@ class AffinitySettings(BaseModel):
         description="a cache hit may exceed the bound by this many requests (SGLang's "
         "balance_abs_threshold): at low load a cold prefill elsewhere costs more than queueing",
     )
+    miss_cost_bytes: int = Field(
+        1024, ge=0, le=1 << 20,
+        description="a cache hit may exceed the bound by one request per this many cached prompt "
+        "bytes: a cold prefill of that much costs about one queued request (0: off)",
+    )
     chunk_bytes: int = Field(
         512, ge=16, le=65536, description="prompt prefix hashed in chunks of this many bytes"
     )
