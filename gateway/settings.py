@@ -249,8 +249,9 @@ class GatewaySettings(BaseSettings):
         "h1", description="upstream HTTP client: h1 (httptools, fastest) or aiohttp"
     )
     routing_policy: str = Field(
-        "least_outstanding",
-        description="replica selection: least_outstanding, prefix_affinity or round_robin",
+        # The default since it met the issue-12 targets on real engines (docs/routing.md).
+        "prefix_affinity",
+        description="replica selection: prefix_affinity, least_outstanding or round_robin",
     )
     routing_policies: dict[str, str] = Field(
         default_factory=dict, description="per model pool: model name -> policy (else the default)"
