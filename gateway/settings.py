@@ -192,6 +192,11 @@ class AffinitySettings(BaseModel):
         description="a cache hit may exceed the bound by this many requests (SGLang's "
         "balance_abs_threshold): at low load a cold prefill elsewhere costs more than queueing",
     )
+    miss_cost_bytes: int = Field(
+        1024, ge=0, le=1 << 20,
+        description="a cache hit may exceed the bound by one request per this many cached prompt "
+        "bytes: a cold prefill of that much costs about one queued request (0: off)",
+    )
     chunk_bytes: int = Field(
         512, ge=16, le=65536, description="prompt prefix hashed in chunks of this many bytes"
     )
@@ -244,8 +249,9 @@ class GatewaySettings(BaseSettings):
         "h1", description="upstream HTTP client: h1 (httptools, fastest) or aiohttp"
     )
     routing_policy: str = Field(
-        "least_outstanding",
-        description="replica selection: least_outstanding, prefix_affinity or round_robin",
+        # The default since it met the issue-12 targets on real engines (docs/routing.md).
+        "prefix_affinity",
+        description="replica selection: prefix_affinity, least_outstanding or round_robin",
     )
     routing_policies: dict[str, str] = Field(
         default_factory=dict, description="per model pool: model name -> policy (else the default)"

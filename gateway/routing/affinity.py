@@ -13,12 +13,21 @@ policy works from the request alone, without engine changes:
   O(log n) entries, yet a later turn still finds its previous turn's last chunk.
 - A prompt whose longest known prefix lives on an available replica goes there (a hit) unless that
   replica would exceed `(1 + balance)` x the mean load (consistent hashing with bounded loads,
-  Mirrokni et al. 2018; the cap is rounded up, as there), plus `slack` requests (default 0: on
-  two vLLM-CPU replicas at 4 in flight, cap 3 sent 13 of 96 cached turns cold elsewhere; see
-  docs/routing.md). A miss has no cache to win, so it gets no
-  imbalance at all: its consistent-hash home (a ring over the candidates, keyed by its first chunk)
-  if that home is not above the mean, else the least loaded replica. Either fallback is
-  least-outstanding, so an overloaded replica never takes a miss (SGLang's "death spiral").
+  Mirrokni et al. 2018; the cap is rounded up, as there), plus `slack` requests, plus one request
+  per `miss_cost_bytes` of the prefix it holds. That last term weighs what leaving costs: on one
+  vLLM-CPU core a cold prefill of 650 tokens (~3 KB of chat JSON) takes ~1.6 s and stalls every
+  request batched with it, about what 3 cached turns queued ahead cost. Without it, two replicas
+  at 4 in flight have a cap of 3, and 13 of 96 cached turns per round went cold elsewhere (the
+  benchmark in docs/routing.md). The term is absolute, the bound relative: at high load the
+  bound rules.
+- A miss has no cache to win, so it never takes a replica above the mean load. Among those at or
+  under it: its consistent-hash home (a ring over the candidates, keyed by its first chunk),
+  unless the home has taken in more than this prompt's bytes beyond the least filled of them
+  (each cache's `footprint`: the prompt bytes it was sent and did not hold), else that least
+  filled one. The ring alone split 48 sessions 13/35 over two replicas in a test: one engine's
+  cache overflowed (an LRU cycled by a round of sessions keeps none of them) while the other's
+  sat half empty; the footprint keeps the split within one session and most keys at their home.
+  No fallback ever sends a miss to a replica over the mean (SGLang's "death spiral").
 - Load is the gateway's own in-flight count per replica, taken at pick time (the caller acquires
   at once), so a burst cannot pile onto one replica before its load shows (vllm-router's case).
 - One shared system prompt: every request hits the same shallow entry, the bound spills the excess
@@ -28,7 +37,9 @@ policy works from the request alone, without engine changes:
   when its health probe fails (a vLLM restart takes minutes; probes run every few seconds), and a
   new Backend object when discovery drops and re-adds it. Entries remember the token, so a stale
   entry is a miss the moment it is looked up, with no scan; it counts as a key moved. A restart
-  faster than one probe interval would go unseen until the next turn misses in the engine.
+  faster than one probe interval would go unseen until the next turn misses in the engine. A new
+  life's footprint starts at 0 and is raised to `_FOOTPRINT_WINDOW` below the largest, so an
+  empty cache takes new prefixes first, but only until it has caught up that far.
 - Membership: the ring has `_VNODES` points per replica, so a join or a leave moves about 1/N of
   the ring's keys; learned entries stay with the replica that holds the cache.
 """
@@ -49,9 +60,13 @@ from gateway.settings import AffinitySettings
 
 # Ring points per replica: the spread of key shares across replicas falls as 1/sqrt(vnodes).
 _VNODES = 160
+# How far a replica's footprint may lag the largest: one that rejoins, or restarts empty, takes
+# new prefixes first until it has caught up this much (1 MiB of prompt: ~250k tokens, more than
+# one engine's cache holds on vLLM-CPU and about one on a GPU), not for the whole uptime.
+_FOOTPRINT_WINDOW = 1 << 20
 _RING_CACHE = 16  # rings kept for candidate sets seen (the full pool, minus one ejected, ...)
 
-FALLBACK_REASONS = ("overloaded", "unavailable", "miss_overloaded")
+FALLBACK_REASONS = ("overloaded", "unavailable", "miss_overloaded", "miss_rebalanced")
 
 
 def prefix_hashes(data: bytes, chunk: int, max_chunks: int) -> list[int]:
@@ -117,6 +132,7 @@ class PrefixAffinity:
         s = settings or AffinitySettings()
         self._balance = 1.0 + s.balance
         self._slack = s.slack
+        self._miss_cost = s.miss_cost_bytes
         self._chunk = s.chunk_bytes
         self._max_chunks = s.max_chunks
         self._cap = s.max_entries
@@ -147,17 +163,27 @@ class PrefixAffinity:
         if not keys:
             self.stats.misses += 1
             return self._least.pick(candidates, request)
-        chosen = self._choose(candidates, keys) if n > 1 else candidates[0]
+        if n == 1:
+            chosen = candidates[0]
+        else:
+            # An explicit key says nothing about the prompt's size: no cost or footprint.
+            size = len(request.prefix) if request.prefix is not None else 0
+            chosen, cached = self._choose(candidates, keys, size)
+            chosen.cache_life.footprint += size - cached
         self._record(keys, chosen)
         return chosen
 
-    def _choose(self, candidates: Sequence[Backend], keys: list[int]) -> Backend:
+    def _choose(self, candidates: Sequence[Backend], keys: list[int],
+                size: int) -> tuple[Backend, int]:
+        """The replica, and how many of the prompt's bytes it holds in cache (as far as known)."""
         table = self._table
         life: CacheLife | None = None
+        depth = len(keys)
         for h in reversed(keys):
             life = table.get(h)
             if life is not None:
                 break
+            depth -= 1
         st = self.stats
         total = 0
         for c in candidates:
@@ -168,22 +194,50 @@ class PrefixAffinity:
             if b.cache_life is life:  # else restarted or replaced: its cache is gone, a miss
                 if b not in candidates:
                     st.fallbacks["unavailable"] += 1
-                    return self._least_pick(candidates)
-                if b.outstanding + 1 <= math.ceil(self._balance * (total + 1) / n) + self._slack:
+                    return self._least_pick(candidates), 0
+                cached = depth * self._chunk if size else 0
+                bound = math.ceil(self._balance * (total + 1) / n) + self._slack
+                if self._miss_cost:
+                    # The miss that leaving would cost, in queued requests (see the docstring).
+                    bound += cached // self._miss_cost
+                if b.outstanding + 1 <= bound:
                     st.hits += 1
-                    return b
+                    return b, cached
                 st.fallbacks["overloaded"] += 1
-                return self._least_pick(candidates)
+                return self._least_pick(candidates), 0
         st.misses += 1
-        home_url = self._ring_for(candidates).owner(keys[0])
-        for b in candidates:
-            if b.url == home_url:
-                # No cache to win: the home only if that keeps it at or under the mean.
-                if b.outstanding + 1 <= math.ceil((total + 1) / n):
-                    return b
-                st.fallbacks["miss_overloaded"] += 1
-                break
-        return self._least_pick(candidates)
+        return self._place(candidates, keys[0], total, size), 0
+
+    def _place(self, candidates: Sequence[Backend], key: int, total: int, size: int) -> Backend:
+        """A new prefix: no cache to win, so no load above the mean; among the replicas at or
+        under it, the ring home unless it took in more than one such prompt beyond the least."""
+        cap = math.ceil((total + 1) / len(candidates))
+        home_url = self._ring_for(candidates).owner(key)
+        floor = -_FOOTPRINT_WINDOW
+        for c in candidates:
+            floor = max(floor, c.cache_life.footprint - _FOOTPRINT_WINDOW)
+        home: Backend | None = None
+        best: Backend | None = None
+        best_fp = 0
+        for c in candidates:
+            life = c.cache_life
+            # Long gone, or new and empty: it catches up, but only within the window.
+            life.footprint = max(life.footprint, floor)
+            if c.outstanding + 1 > cap:
+                continue
+            fp = life.footprint
+            if c.url == home_url:
+                home = c
+            if best is None or fp < best_fp or (fp == best_fp and c.outstanding < best.outstanding):
+                best, best_fp = c, fp
+        assert best is not None  # the least loaded replica is always at or under the mean
+        if home is not None:
+            if home.cache_life.footprint <= best_fp + size:
+                return home
+            self.stats.fallbacks["miss_rebalanced"] += 1
+        else:
+            self.stats.fallbacks["miss_overloaded"] += 1
+        return best
 
     def _least_pick(self, candidates: Sequence[Backend]) -> Backend:
         b = self._least.pick(candidates, _NO_REQUEST)

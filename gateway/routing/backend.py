@@ -9,10 +9,13 @@ class CacheLife:
     The router replaces it when the replica's probe fails (an engine that restarts loses its
     cache), so what was learned about the old cache no longer matches without any table scan."""
 
-    __slots__ = ("backend",)
+    __slots__ = ("backend", "footprint")
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        # Prompt bytes an affinity policy sent here that this cache did not hold yet: what it had
+        # to take in. Kept on the cache, not in a policy: two pools' policies may share engines.
+        self.footprint = 0
 
 
 class Backend:
