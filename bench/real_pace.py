@@ -182,7 +182,7 @@ def proxies(args: argparse.Namespace, upstream: int, tmp: Path) -> dict[str, str
     if router:
         out["vllm-router"] = (f"{router} --host 127.0.0.1 --port {{port}} --worker-urls "
                               f"http://127.0.0.1:{upstream} --policy round_robin "
-                              "--log-level warning")
+                              "--log-level warning --prometheus-port {prom}")
     if not args.no_nginx and shutil.which("nginx"):
         out["nginx"] = f"nginx -p {tmp} -c {tmp}/nginx-{{port}}.conf -g 'daemon off;'"
     return out
@@ -204,7 +204,9 @@ def run_round(name: str, cmd: str, args: argparse.Namespace, upstream: int, tmp:
     if name == "nginx":
         (tmp / f"nginx-{port}.conf").write_text(NGINX_CONF.format(dir=tmp, up=upstream,
                                                                   port=port))
-    proc = start(cmd.format(port=port), "0")
+    # vllm-router's metrics listener defaults to port 29000: a second router on the machine (another
+    # benchmark's) would make it panic at start.
+    proc = start(cmd.format(port=port, prom=free_port()), "0")
     try:
         # nginx answers /health by proxying it to the upstream: ready means the path works.
         wait_ok(f"http://127.0.0.1:{port}/health", 60)
