@@ -13,7 +13,8 @@ processes, /proc), and the share of its core that took.
     python -m bench.real_pace [--rate 250] [--duration 8] [--rounds 2]
         [--router /path/to/vllm-router] [--no-nginx] [--gateway-from before=DIR]
 
-`--headroom` instead steps the offered rate (`--rates`) and reports, per proxy, the highest rate
+`--warmup S` loads each proxy for S unmeasured seconds first (the gateway's adaptive limit then
+measures its steady state, not its ramp from a cold start). `--headroom` instead steps the offered rate (`--rates`) and reports, per proxy, the highest rate
 its one core sustains with every request served and TTFT p99 within `--max-added-ms` of the
 upstream's own first-token time. The proxies still alternate at each step; a proxy drops out at
 its first failing step. The client and the upstream share CPU 1, whose busy share is printed per
@@ -212,6 +213,9 @@ def run_round(name: str, cmd: str, args: argparse.Namespace, upstream: int, tmp:
         wait_ok(f"http://127.0.0.1:{port}/health", 60)
         if name.startswith("gateway"):
             wait_ok(f"http://127.0.0.1:{port}/ready", 30)
+        if args.warmup:
+            # Unmeasured load first: what a steady state costs, not a cold start's ramp.
+            asyncio.run(open_loop(port, rate or args.rate, args.warmup, args.tokens))
         cpu0, t0, load0 = cpu_seconds(proc.pid), time.perf_counter(), cpu_busy(1)
         result = asyncio.run(open_loop(port, rate or args.rate, args.duration, args.tokens))
         result.cpu_s = cpu_seconds(proc.pid) - cpu0
@@ -289,6 +293,8 @@ def main() -> int:
     p.add_argument("--only", action="append", default=[], help="measure only these proxies")
     p.add_argument("--gateway-from", action="append", default=[], metavar="LABEL=DIR",
                    help="also the gateway of the checkout at DIR, e.g. before=/tmp/old")
+    p.add_argument("--warmup", type=float, default=0.0,
+                   help="seconds of unmeasured load before each round (default 0: a cold start)")
     p.add_argument("--headroom", action="store_true",
                    help="step the rate instead; report each proxy's highest sustained rate")
     p.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",")],
