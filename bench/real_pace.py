@@ -12,6 +12,13 @@ processes, /proc), and the share of its core that took.
 
     python -m bench.real_pace [--rate 250] [--duration 8] [--rounds 2]
         [--router /path/to/vllm-router] [--no-nginx] [--gateway-from before=DIR]
+
+`--warmup S` loads each proxy for S unmeasured seconds first (the gateway's adaptive limit then
+measures its steady state, not its ramp from a cold start). `--headroom` instead steps the offered rate (`--rates`) and reports, per proxy, the highest rate
+its one core sustains with every request served and TTFT p99 within `--max-added-ms` of the
+upstream's own first-token time. The proxies still alternate at each step; a proxy drops out at
+its first failing step. The client and the upstream share CPU 1, whose busy share is printed per
+step: near 1.0 the load generator, not the proxy, is the limit, and the figure is a lower bound.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ class Round:
     late: int = 0
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    load_share: float = 0.0  # busy share of CPU 1 (the client and the upstream)
 
     @property
     def served(self) -> int:
@@ -175,27 +183,45 @@ def proxies(args: argparse.Namespace, upstream: int, tmp: Path) -> dict[str, str
     if router:
         out["vllm-router"] = (f"{router} --host 127.0.0.1 --port {{port}} --worker-urls "
                               f"http://127.0.0.1:{upstream} --policy round_robin "
-                              "--log-level warning")
+                              "--log-level warning --prometheus-port {prom}")
     if not args.no_nginx and shutil.which("nginx"):
         out["nginx"] = f"nginx -p {tmp} -c {tmp}/nginx-{{port}}.conf -g 'daemon off;'"
     return out
 
 
-def run_round(name: str, cmd: str, args: argparse.Namespace, upstream: int, tmp: Path) -> Round:
+def cpu_busy(cpu: int) -> tuple[int, int]:
+    """(busy, total) jiffies of one CPU since boot, from /proc/stat."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith(f"cpu{cpu} "):
+            v = [int(x) for x in line.split()[1:]]
+            idle = v[3] + v[4]  # idle + iowait
+            return sum(v) - idle, sum(v)
+    raise RuntimeError(f"cpu{cpu} not in /proc/stat")
+
+
+def run_round(name: str, cmd: str, args: argparse.Namespace, upstream: int, tmp: Path,
+              rate: float | None = None) -> Round:
     port = free_port()
     if name == "nginx":
         (tmp / f"nginx-{port}.conf").write_text(NGINX_CONF.format(dir=tmp, up=upstream,
                                                                   port=port))
-    proc = start(cmd.format(port=port), "0")
+    # vllm-router's metrics listener defaults to port 29000: a second router on the machine (another
+    # benchmark's) would make it panic at start.
+    proc = start(cmd.format(port=port, prom=free_port()), "0")
     try:
         # nginx answers /health by proxying it to the upstream: ready means the path works.
         wait_ok(f"http://127.0.0.1:{port}/health", 60)
         if name.startswith("gateway"):
             wait_ok(f"http://127.0.0.1:{port}/ready", 30)
-        cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
-        result = asyncio.run(open_loop(port, args.rate, args.duration, args.tokens))
+        if args.warmup:
+            # Unmeasured load first: what a steady state costs, not a cold start's ramp.
+            asyncio.run(open_loop(port, rate or args.rate, args.warmup, args.tokens))
+        cpu0, t0, load0 = cpu_seconds(proc.pid), time.perf_counter(), cpu_busy(1)
+        result = asyncio.run(open_loop(port, rate or args.rate, args.duration, args.tokens))
         result.cpu_s = cpu_seconds(proc.pid) - cpu0
         result.wall_s = time.perf_counter() - t0
+        load1 = cpu_busy(1)
+        result.load_share = (load1[0] - load0[0]) / max(load1[1] - load0[1], 1)
         return result
     finally:
         stop_all([proc])
@@ -206,6 +232,51 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def line(name: str, res: Round, label: str) -> str:
+    n = sum(res.statuses.values()) + res.errors
+    return (f"{label} {name:16s} sent {n:5d} served {res.served:5d} "
+            f"statuses {dict(sorted(res.statuses.items()))} errors {res.errors} "
+            f"late {res.late}  TTFT p50 {pct(res.ttft, .5) * 1e3:6.1f} ms "
+            f"p99 {pct(res.ttft, .99) * 1e3:7.1f} ms  CPU/req "
+            f"{res.cpu_s / max(res.served, 1) * 1e6:6.0f} us  core "
+            f"{res.cpu_s / res.wall_s:.2f}  load core {res.load_share:.2f}")
+
+
+def sustained(res: Round, ttft_ms: float, max_added_ms: float) -> tuple[bool, float]:
+    """(every request served and TTFT p99 within `max_added_ms` of the upstream's, added ms)."""
+    added = pct(res.ttft, .99) * 1e3 - ttft_ms if res.ttft else float("inf")
+    sent = sum(res.statuses.values()) + res.errors
+    return sent > 0 and res.served == sent and added <= max_added_ms, added
+
+
+def headroom(args: argparse.Namespace, targets: dict[str, str], up: int, tmp: Path) -> None:
+    """Step the rate; each proxy's last step with all served and added p99 within bounds."""
+    best: dict[str, float | None] = dict.fromkeys(targets)
+    going = dict(targets)
+    for rate in args.rates:
+        for name, cmd in list(going.items()):
+            res = run_round(name, cmd, args, up, tmp, rate)
+            ok, added = sustained(res, args.ttft_ms, args.max_added_ms)
+            print(line(name, res, f"{rate:5.0f}/s") + f"  added p99 {added:6.1f} ms "
+                  + ("ok" if ok else "FAIL"), flush=True)
+            if ok:
+                best[name] = rate
+            else:
+                del going[name]
+        if not going:
+            break
+    print(f"\nheadroom: highest rate with all served and TTFT p99 <= {args.ttft_ms:.0f} + "
+          f"{args.max_added_ms:.0f} ms; {args.tokens} tokens {args.gap_ms:.0f} ms apart, "
+          f"{args.duration:.0f} s per step, rates {', '.join(f'{r:g}' for r in args.rates)}")
+    print("| proxy | highest sustained rate (req/s) |")
+    print("|---|---|")
+    for name, rate in best.items():
+        shown = "below the first step" if rate is None else f"{rate:.0f}"
+        if name in going:
+            shown = f">= {shown} (passed every step)"
+        print(f"| {name} | {shown} |")
 
 
 def main() -> int:
@@ -222,6 +293,15 @@ def main() -> int:
     p.add_argument("--only", action="append", default=[], help="measure only these proxies")
     p.add_argument("--gateway-from", action="append", default=[], metavar="LABEL=DIR",
                    help="also the gateway of the checkout at DIR, e.g. before=/tmp/old")
+    p.add_argument("--warmup", type=float, default=0.0,
+                   help="seconds of unmeasured load before each round (default 0: a cold start)")
+    p.add_argument("--headroom", action="store_true",
+                   help="step the rate instead; report each proxy's highest sustained rate")
+    p.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",")],
+                   default=[200.0, 250.0, 300.0, 350.0, 400.0, 450.0, 500.0, 550.0, 600.0],
+                   help="--headroom: the rates to step through, comma-separated")
+    p.add_argument("--max-added-ms", type=float, default=50.0,
+                   help="--headroom: the TTFT p99 allowed above the upstream's --ttft-ms")
     args = p.parse_args()
     if (os.cpu_count() or 1) < 2:
         p.exit(2, "needs 2 CPUs: the proxy is pinned to CPU 0, upstream and client to CPU 1\n")
@@ -239,18 +319,15 @@ def main() -> int:
         targets = proxies(args, up, tmp)
         if args.only:
             targets = {k: v for k, v in targets.items() if k in args.only}
+        if args.headroom:
+            headroom(args, targets, up, tmp)
+            return 0
         rows: dict[str, list[Round]] = {name: [] for name in targets}
         for r in range(args.rounds):
             for name, cmd in targets.items():
                 res = run_round(name, cmd, args, up, tmp)
                 rows[name].append(res)
-                n = sum(res.statuses.values()) + res.errors
-                print(f"round {r + 1} {name:16s} sent {n:5d} served {res.served:5d} "
-                      f"statuses {dict(sorted(res.statuses.items()))} errors {res.errors} "
-                      f"late {res.late}  TTFT p50 {pct(res.ttft, .5) * 1e3:6.1f} ms "
-                      f"p99 {pct(res.ttft, .99) * 1e3:7.1f} ms  CPU/req "
-                      f"{res.cpu_s / max(res.served, 1) * 1e6:6.0f} us  core "
-                      f"{res.cpu_s / res.wall_s:.2f}", flush=True)
+                print(line(name, res, f"round {r + 1}"), flush=True)
         print(f"\n{args.rate:.0f} req/s offered for {args.duration:.0f} s, {args.tokens} tokens "
               f"{args.gap_ms:.0f} ms apart after {args.ttft_ms:.0f} ms; medians of "
               f"{args.rounds} cold-start rounds")

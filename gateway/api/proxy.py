@@ -190,10 +190,10 @@ class ProxyEndpoint:
             except GatewayError as exc:
                 # Nothing reached the client yet: safe to try another replica.
                 last_error = _failed(d, model, backend, exc)
-                continue
+            else:
+                return
             finally:
                 backend.release()
-            return
 
         if last_error is None:
             if d.router.knows_any_model() and not d.router.knows_model(model):

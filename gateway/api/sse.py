@@ -6,7 +6,7 @@ win, not buffering). Only two things are ever held back:
   usage scan below always sees whole events;
 - the usage event, when the gateway asked for usage on its own account and the client did not.
 
-The common chunk costs two C-level byte scans (`endswith`, `in`) and nothing else.
+The common chunk costs one C-level byte scan (`in`) and an `endswith`, and nothing else.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ _SEP = b"\n\n"
 _DONE = b"data: [DONE]\n\n"
 # vLLM emits compact JSON; the spaced form covers other OpenAI-compatible upstreams.
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+# One scan per chunk finds both forms (and `"usage":null`, which _take_usage then passes through):
+# each scan of a chunk costs about 1% of the gateway's CPU at a real pace (py-spy --native).
+_USAGE_KEY = b'"usage":'
 
 
 class SseRelay:
@@ -47,7 +50,7 @@ class SseRelay:
                 return b""
             self._pending = chunk[cut + 2 :]
             chunk = chunk[: cut + 2]
-        if _USAGE_MARKERS[0] in chunk or _USAGE_MARKERS[1] in chunk:
+        if _USAGE_KEY in chunk:
             chunk = self._take_usage(chunk)
         if chunk.endswith(_DONE):
             self.saw_done = True

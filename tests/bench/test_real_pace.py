@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from bench.fake_upstream import Behaviour, start_in_thread
-from bench.real_pace import Round, open_loop, pct
+from bench.real_pace import Round, cpu_busy, open_loop, pct, sustained
 
 
 def test_paced_upstream_and_open_loop_client() -> None:
@@ -25,3 +25,22 @@ def test_percentiles_of_a_round() -> None:
     assert r.served == 0
     r.statuses[200] = 7
     assert r.served == 7
+
+
+def test_a_step_is_sustained_only_if_all_served_within_the_added_p99() -> None:
+    ttft = [0.1 + i / 1000 for i in range(100)]  # p99 = 199 ms: 99 ms over a 100 ms upstream
+    ok, added = sustained(Round(statuses={200: 100}, ttft=ttft), 100, 100)
+    assert ok and 98 < added < 100
+    ok, added = sustained(Round(statuses={200: 100}, ttft=ttft), 100, 50)
+    assert not ok and 98 < added < 100
+    # One refusal, or one error, fails the step whatever the latency.
+    assert not sustained(Round(statuses={200: 99, 503: 1}, ttft=ttft), 100, 100)[0]
+    assert not sustained(Round(statuses={200: 100}, errors=1, ttft=ttft), 100, 100)[0]
+    assert not sustained(Round(), 100, 100)[0]  # nothing sent, nothing proven
+
+
+def test_cpu_busy_counts_up() -> None:
+    busy0, total0 = cpu_busy(0)
+    sum(range(2_000_000))
+    busy1, total1 = cpu_busy(0)
+    assert 0 <= busy0 <= busy1 and total0 <= total1 and busy0 <= total0

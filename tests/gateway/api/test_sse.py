@@ -71,6 +71,15 @@ def test_null_usage_field_is_not_parsed_as_usage() -> None:
     assert r.completion_tokens == 0
 
 
+def test_spaced_usage_form_is_found_and_stripped() -> None:
+    # Other OpenAI-compatible upstreams serialise with spaces: one scan must find both forms.
+    r = SseRelay(strip_usage=True)
+    spaced = (b'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2, '
+              b'"total_tokens": 6}}\n\n')
+    assert r.feed(FINISH + spaced + DONE) == FINISH + DONE
+    assert r.usage_known and (r.prompt_tokens, r.completion_tokens) == (4, 2)
+
+
 def test_malformed_usage_is_unknown_and_still_stripped() -> None:
     r = SseRelay(strip_usage=True)
     bad = event({"choices": [], "usage": {"prompt_tokens": "abc", "completion_tokens": -1}})
