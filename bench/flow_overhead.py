@@ -26,14 +26,14 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from bench.gateway_overhead import free_port, start, stop_all, wait_ok, wrk_rps
+from bench.gateway_overhead import free_port, prompt_text, start, stop_all, wait_ok, wrk_rps
 from bench.load import Conn, Result
 
 KEY = "sk-bench-overhead"
-def request_bytes(url: str, tokens: int) -> bytes:
+def request_bytes(url: str, tokens: int, prompt: str = "hi") -> bytes:
     u = urlparse(url)
     body = json.dumps({"model": "demo", "stream": True, "max_tokens": tokens,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+                       "messages": [{"role": "user", "content": prompt}]}).encode()
     return (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {u.hostname}:{u.port}\r\n"
             f"authorization: Bearer {KEY}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode() + body
@@ -90,9 +90,9 @@ async def rejection_latency(url: str, count: int) -> list[float]:
     return out
 
 
-async def latency(url: str, tokens: int, count: int) -> Result:
+async def latency(url: str, tokens: int, count: int, prompt: str = "hi") -> Result:
     u = urlparse(url)
-    raw = request_bytes(url, tokens)
+    raw = request_bytes(url, tokens, prompt)
     c = Conn(u.hostname or "127.0.0.1", u.port or 80)
     res = Result()
     for _ in range(20):
@@ -123,9 +123,14 @@ def main() -> int:
                         "(redis://127.0.0.1:6379/0): one round trip per request")
     p.add_argument("--gateway-from", action="append", default=[], metavar="LABEL=DIR",
                    help="also measure this checkout's gateway (flow-off, flow-on)")
-    p.add_argument("--affinity", action="store_true",
-                   help="also measure flow-on with the prefix_affinity routing policy")
+    p.add_argument("--least-outstanding", action="store_true",
+                   help="also measure flow-on with the least_outstanding routing policy (the "
+                        "default before prefix_affinity); use with --prompt-bytes 3000, since "
+                        "prefix_affinity hashes nothing under one 512-byte chunk")
+    p.add_argument("--prompt-bytes", type=int, default=0,
+                   help="user message length in bytes (default: 'hi')")
     args = p.parse_args()
+    prompt = prompt_text(args.prompt_bytes)
     import uvloop
 
     uvloop.install()
@@ -147,8 +152,9 @@ def main() -> int:
         "flow-on": f"--api-keys-file {keys} --flow.enabled --batch.enabled "
                    "--flow.max-limit 4096 --flow.initial-limit 1024",
     }
-    if args.affinity:
-        variants["flow-on+affinity"] = variants["flow-on"] + " --routing-policy prefix_affinity"
+    if args.least_outstanding:
+        variants["flow-on+least-out"] = (variants["flow-on"]
+                                         + " --routing-policy least_outstanding")
     if args.redis_url:
         variants["flow-on+redis"] = variants["flow-on"] + f" --flow.limits-redis-url {args.redis_url}"
     where: dict[str, str | None] = dict.fromkeys(variants)
@@ -173,8 +179,8 @@ def main() -> int:
         for r in range(args.repeats):
             for name, url in targets:
                 rps = wrk_rps(url, args.tokens, args.concurrency, args.duration,
-                              {"Authorization": f"Bearer {KEY}"})
-                lat = asyncio.run(latency(url, args.tokens, args.latency_requests))
+                              {"Authorization": f"Bearer {KEY}"}, prompt)
+                lat = asyncio.run(latency(url, args.tokens, args.latency_requests, prompt))
                 if lat.errors:
                     print(f"{name}: {lat.errors} errors", file=sys.stderr)
                 rows[name]["rps"].append(rps)

@@ -25,17 +25,26 @@ from bench.load import latency, throughput
 
 _WRK_LUA = """
 wrk.method = "POST"
-wrk.body   = '{"model":"demo","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}'
+wrk.body   = '{"model":"demo","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}'
 wrk.headers["Content-Type"] = "application/json"
 """
 
 
+def prompt_text(n_bytes: int) -> str:
+    """A user message of about n_bytes (plain ASCII words; "hi" when 0): routing by prefix
+    hashes nothing under one 512-byte chunk, so its cost shows only with a real prompt's length."""
+    if n_bytes <= 0:
+        return "hi"
+    sentence = "the gateway routes each turn of a chat to the replica holding its prefix. "
+    return (sentence * (n_bytes // len(sentence) + 1))[:n_bytes]
+
+
 def wrk_rps(url: str, tokens: int, concurrency: int, duration_s: float,
-            headers: dict[str, str] | None = None) -> float:
+            headers: dict[str, str] | None = None, prompt: str = "hi") -> float:
     """Streamed requests/s measured by wrk (C): it leaves the shared core to the upstream."""
     import tempfile
 
-    lua = _WRK_LUA % tokens + "".join(
+    lua = _WRK_LUA % (tokens, prompt) + "".join(
         f'wrk.headers["{k}"] = "{v}"\n' for k, v in (headers or {}).items())
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
         fh.write(lua)
