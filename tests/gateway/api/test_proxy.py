@@ -161,7 +161,10 @@ def test_failures_show_no_internal_address_or_upstream_body_but_log_them(
         up = upstreams(fail_status={"html_5xx": 503, "html_4xx": 400}.get(case, 0),
                        fail_body=HTML, drop_after=3 if case == "cut" else -1)
     backend = url_of(up)
-    with caplog.at_level(logging.WARNING), run_gateway(backends=[backend], retries=0) as gw:
+    # No probe after the first: one between the upstream's stop and the request would mark it
+    # down, and the answer would be a 503 for no replica instead of the failure under test.
+    with caplog.at_level(logging.WARNING), run_gateway(backends=[backend], retries=0,
+                                                       health_interval_s=60) as gw:
         stack.close()
         r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": case == "cut"})
     rid = r.headers["x-request-id"]
