@@ -12,7 +12,7 @@ import httpx
 import pytest
 import uvicorn
 
-import gateway.probe_thread as probe_thread
+from gateway import probe_thread
 from gateway.edge import Edge
 from gateway.metrics import GatewayMetrics
 from gateway.probe_thread import ProbeThread
@@ -51,7 +51,7 @@ def test_probes_answer_while_the_main_loop_is_blocked_and_health_fails_when_it_s
             done = threading.Event()
             poller = threading.Thread(target=poll, args=(url, done, answers))
             poller.start()
-            time.sleep(1.6)  # the main loop blocked: no turn at all
+            time.sleep(1.6)  # noqa: ASYNC251 - on purpose: the main loop blocked, no turn at all
             await asyncio.sleep(0.6)  # running again: it beats
             done.set()
             poller.join(10)
