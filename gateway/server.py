@@ -25,10 +25,10 @@ from typing import cast
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.server import ServerState
 
 from gateway.app import GatewayState, build_app
-from gateway.edge import Edge, EdgeProtocol, check_fd_limit
-from gateway.probe_thread import ProbeThread
+from gateway.edge import Edge, EdgeProtocol, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway")
@@ -47,7 +47,7 @@ class _DrainingServer(uvicorn.Server):
         super().__init__(config)
         self._state = state
         self._edge = edge
-        self._probe: ProbeThread | None = None
+        self._probe: tuple[asyncio.Server, ServerState] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -55,13 +55,11 @@ class _DrainingServer(uvicorn.Server):
         if not self.started or port is None or self._edge is None:
             return
         # The probes' own listener (gateway/edge.py): a flood of the API port cannot take the
-        # connections /health and /ready need; on its own thread and loop (probe_thread.py), the
-        # main loop's long turns under that flood cannot delay them either.
-        probe = ProbeThread(self.config, self._edge, cast(ASGIApp, self.config.loaded_app),
-                            self.lifespan.state, self.config.host, port)
+        # connections /health and /ready need.
         try:
-            probe.start()
-            self._probe = probe
+            self._probe = await open_probe_listener(
+                self.config, self._edge, cast(ASGIApp, self.config.loaded_app),
+                self.lifespan.state, self.config.host, port)
         except OSError as exc:
             log.error("probe listener on port %s: %s", port, exc)
             await self.lifespan.shutdown()
@@ -87,7 +85,10 @@ class _DrainingServer(uvicorn.Server):
         # Step 5: the probe listener outlives the drain: /ready answers 503 and /health 200 until
         # the end.
         if self._probe is not None:
-            self._probe.stop()
+            server, state = self._probe
+            server.close()
+            for connection in list(state.connections):
+                connection.shutdown()
 
     def _expire(self) -> None:
         n = self._state.inflight.expire()
