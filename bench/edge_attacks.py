@@ -11,7 +11,9 @@ gateway's fds before, at the peak and after, and how long the idle connections w
     python -m bench.edge_attacks [--gateway-from main=DIR] [--no-current] [--flood 20000]
 
 `--gateway-from LABEL=DIR` adds another checkout's gateway (run with DIR as its working
-directory), e.g. the main branch before the edge existed; it gets no edge flags. The current checkout runs with
+directory), e.g. the main branch before the edge existed; it gets no edge flags unless LABEL ends
+in `+edge` (a checkout that has the edge: the same flags as this one). `--attacks flood` runs
+only the 20k flood, `--rounds N` runs the gateways N times in turn. The current checkout runs with
 `--edge.probe-port` and the head/body timeouts set by `--head-timeout-s`/`--body-timeout-s`
 (short, so the run stays short; the defaults are 10 s and 30 s). The attack functions are also
 what tests/gateway/test_edge.py runs, scaled down.
@@ -351,7 +353,7 @@ def run_one(label: str, cmd: str, cwd: str, port: int, probe: int,
         bombs = [("4M headers", lambda: many_headers(4_000_000)),
                  ("128 MB header value", lambda: huge_value(128 * MiB)),
                  ("10k small headers", lambda: numbered_headers(10_000))]
-        for name, pieces in bombs:
+        for name, pieces in bombs if "bombs" in args.attacks else []:
             health = Poller(host, probe)
             good = Poller(host, port, "/v1/models", 0.01, keep_alive=True)
             health.start()
@@ -368,70 +370,83 @@ def run_one(label: str, cmd: str, cwd: str, port: int, probe: int,
                 f"{health.worst_ms:.1f} ms, {health.failures} failed; well-behaved p99 "
                 f"{good.p99_ms():.2f} ms ({good.failures} failed); backends up "
                 f"{_backends_up(url):.0f}")
-        o = attack(host, port, chunked_body(100 * MiB), timeout_s=args.bomb_timeout_s,
-                   until_close=True)
-        closed = (f"closed at {o.closed_s * 1e3:.0f} ms" if o.closed_s is not None
-                  else f"still open after {args.bomb_timeout_s:g} s")
-        lines.append(f"chunked 100 MiB body (limit 8 MiB): {_fmt(o)}; connection {closed}, "
-                     f"client sent {o.sent_at_close / MiB:.1f} MiB by then")
-
+        if "bombs" in args.attacks:
+            o = attack(host, port, chunked_body(100 * MiB), timeout_s=args.bomb_timeout_s,
+                       until_close=True)
+            closed = (f"closed at {o.closed_s * 1e3:.0f} ms" if o.closed_s is not None
+                      else f"still open after {args.bomb_timeout_s:g} s")
+            lines.append(f"chunked 100 MiB body (limit 8 MiB): {_fmt(o)}; connection {closed}, "
+                         f"client sent {o.sent_at_close / MiB:.1f} MiB by then")
         fd0 = fd_count(pid)
-        health = Poller(host, probe)
-        health.start()
-        peak = [fd0]
-
-        def watch_fds(stop: threading.Event) -> None:
-            while not stop.is_set():
-                try:
-                    peak[0] = max(peak[0], fd_count(pid))
-                except OSError:
-                    pass
-                stop.wait(0.2)
-
-        stop = threading.Event()
-        watcher = threading.Thread(target=watch_fds, args=(stop,), daemon=True)
-        watcher.start()
-        t0 = time.monotonic()
-        flood = idle_flood(host, port, args.flood, args.hold_s)
-        spent = time.monotonic() - t0
-        time.sleep(1)
-        stop.set()
-        watcher.join()
-        health.stop()
-        fd1 = fd_count(pid)
-        lines.append(
-            f"{args.flood} idle connections ({spent:.0f} s): opened {flood.opened}, failed "
-            f"{flood.failed}; closed within 0.5 s {flood.closed_between(0, 0.5)}, at the head "
-            f"timeout ({args.head_timeout_s:g} s +- 1) "
-            f"{flood.closed_between(args.head_timeout_s - 1, args.head_timeout_s + 1)}, still open "
-            f"after {args.hold_s:g} s {flood.still_open}; gateway fds {fd0} -> peak {peak[0]} -> "
-            f"{fd1}; /health worst {health.worst_ms:.1f} ms, {health.failures} of "
-            f"{health.failures + len(health.latencies)} failed")
-        time.sleep(1)
-        for kind, first, drip in (
-            ("slowloris head", REQUEST_LINE, b"x"),
-            ("stalled body", (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
-                              b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n{"),
-             b""),
-        ):
-            health = Poller(host, probe)
-            health.start()
-            timeout = args.head_timeout_s if kind == "slowloris head" else args.body_timeout_s
-            slow = hold_connections(host, port, args.slow, args.hold_s, first, drip, 1.0)
-            health.stop()
-            lines.append(
-                f"{args.slow} x {kind} (a byte a second)" if drip else f"{args.slow} x {kind}")
-            lines[-1] += (f": closed at the timeout ({timeout:g} s +- 1) "
-                          f"{slow.closed_between(timeout - 1, timeout + 1)}, answered "
-                          f"{slow.answers or '-'}, still open after {args.hold_s:g} s "
-                          f"{slow.still_open}; /health worst {health.worst_ms:.1f} ms, "
-                          f"{health.failures} failed")
+        if "flood" in args.attacks:
+            lines.append(_flood(host, port, probe, pid, fd0, args))
+        if "slow" in args.attacks:
+            lines += _slow(host, port, probe, args)
         time.sleep(2)
         lines.append(f"gateway fds at the end: {fd_count(pid)} (before the floods {fd0}); "
                      f"RSS {rss_mib(pid):.0f} MiB")
     finally:
         os.killpg(proc.pid, 9)
         proc.wait(10)
+    return lines
+
+
+def _flood(host: str, port: int, probe: int, pid: int, fd0: int,
+           args: argparse.Namespace) -> str:
+    health = Poller(host, probe)
+    health.start()
+    peak = [fd0]
+
+    def watch_fds(stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                peak[0] = max(peak[0], fd_count(pid))
+            except OSError:
+                pass
+            stop.wait(0.2)
+
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_fds, args=(stop,), daemon=True)
+    watcher.start()
+    t0 = time.monotonic()
+    flood = idle_flood(host, port, args.flood, args.hold_s)
+    spent = time.monotonic() - t0
+    time.sleep(1)
+    stop.set()
+    watcher.join()
+    health.stop()
+    fd1 = fd_count(pid)
+    time.sleep(1)
+    return (
+        f"{args.flood} idle connections ({spent:.0f} s): opened {flood.opened}, failed "
+        f"{flood.failed}; closed within 0.5 s {flood.closed_between(0, 0.5)}, at the head "
+        f"timeout ({args.head_timeout_s:g} s +- 1) "
+        f"{flood.closed_between(args.head_timeout_s - 1, args.head_timeout_s + 1)}, still open "
+        f"after {args.hold_s:g} s {flood.still_open}; gateway fds {fd0} -> peak {peak[0]} -> "
+        f"{fd1}; /health worst {health.worst_ms:.1f} ms, p99 {health.p99_ms():.1f} ms, "
+        f"{health.failures} of {health.failures + len(health.latencies)} failed")
+
+
+def _slow(host: str, port: int, probe: int, args: argparse.Namespace) -> list[str]:
+    lines: list[str] = []
+    for kind, first, drip in (
+        ("slowloris head", REQUEST_LINE, b"x"),
+        ("stalled body", (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
+                          b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n{"),
+         b""),
+    ):
+        health = Poller(host, probe)
+        health.start()
+        timeout = args.head_timeout_s if kind == "slowloris head" else args.body_timeout_s
+        slow = hold_connections(host, port, args.slow, args.hold_s, first, drip, 1.0)
+        health.stop()
+        lines.append(
+            f"{args.slow} x {kind} (a byte a second)" if drip else f"{args.slow} x {kind}")
+        lines[-1] += (f": closed at the timeout ({timeout:g} s +- 1) "
+                      f"{slow.closed_between(timeout - 1, timeout + 1)}, answered "
+                      f"{slow.answers or '-'}, still open after {args.hold_s:g} s "
+                      f"{slow.still_open}; /health worst {health.worst_ms:.1f} ms, "
+                      f"{health.failures} failed")
     return lines
 
 
@@ -446,25 +461,38 @@ def main() -> int:
     p.add_argument("--head-timeout-s", type=float, default=5.0)
     p.add_argument("--body-timeout-s", type=float, default=5.0)
     p.add_argument("--bomb-timeout-s", type=float, default=30.0)
+    p.add_argument("--attacks", default="bombs,flood,slow",
+                   help="comma-separated subset of bombs (with the chunked body), flood, slow")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="the gateways one after the other, this many times (A B A B ...)")
     args = p.parse_args()
+    args.attacks = set(args.attacks.split(","))
     up_port = free_port()
     upstream = subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", "--port",
                                  str(up_port)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
     base = (f"{sys.executable} -m gateway --host 127.0.0.1 --port {{port}} --backend "
             f"http://127.0.0.1:{up_port} --log-level warning")
+    edge_flags = (f" --edge.probe-port {{probe}} --edge.head-timeout-s {args.head_timeout_s:g} "
+                  f"--edge.body-timeout-s {args.body_timeout_s:g}")
     try:
         wait_ok(f"http://127.0.0.1:{up_port}/health")
         report: list[str] = []
-        for extra in args.gateway_from:
-            label, _, path = extra.partition("=")
-            port = free_port()
-            report += run_one(label, base.format(port=port), path, port, port, args)
-        if not args.no_current:
-            port, probe = free_port(), free_port()
-            cmd = (base.format(port=port) + f" --edge.probe-port {probe} --edge.head-timeout-s "
-                   f"{args.head_timeout_s:g} --edge.body-timeout-s {args.body_timeout_s:g}")
-            report += run_one("this checkout", cmd, os.getcwd(), port, probe, args)
+        for r in range(args.rounds):
+            for extra in args.gateway_from:
+                label, _, path = extra.partition("=")
+                port, probe = free_port(), free_port()
+                cmd = base.format(port=port)
+                if label.endswith("+edge"):  # a checkout that has the edge: the same flags
+                    cmd += edge_flags.format(probe=probe)
+                else:
+                    probe = port
+                report += run_one(f"{label} (round {r + 1})", cmd, path, port, probe, args)
+            if not args.no_current:
+                port, probe = free_port(), free_port()
+                cmd = base.format(port=port) + edge_flags.format(probe=probe)
+                report += run_one(f"this checkout (round {r + 1})", cmd, os.getcwd(), port,
+                                  probe, args)
         print("\n".join(report))
     finally:
         os.killpg(upstream.pid, 9)

@@ -46,6 +46,7 @@ class LocalStack:
     log_dir: Path = Path("run/logs")
     kv_cache_gib: int = 1
     engine_nice: int = 10
+    drain_timeout_s: float = 15
     gateway_args: list[str] = field(default_factory=list)
     worker_procs: list[Proc] = field(default_factory=list)
     gateway_proc: Proc | None = None
@@ -59,27 +60,38 @@ class LocalStack:
         return f"http://{self.host}:{self.gateway_port}"
 
     def start_workers(self) -> None:
-        cores = os.cpu_count() or 1
         for i in range(self.workers):
-            env = dict(os.environ)
-            env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-            argv = [
-                sys.executable, "-m", "worker",
-                "--model-path", str(self.model_dir),
-                "--device", "cpu",
-                "--host", self.host,
-                "--port", str(self.worker_base_port + i),
-                "--cpu-kvcache-space-gib", str(self.kv_cache_gib),
-                # One core per replica: DP replicas sharing cores just fight over them.
-                "--cpu-threads-bind", str(i % cores),
-                "--drain-timeout-s", "5",
-                # The gateway shares these cores; without this it waited ~5 ms for a core per ms
-                # of work under overload, and refusals took up to 0.85 s instead of ~20 ms.
-                "--nice", str(self.engine_nice),
-            ]
-            self.worker_procs.append(
-                Proc(f"worker-{i}", argv, env, self.log_dir / f"worker-{i}.log")
-            )
+            self.worker_procs.append(self._worker_proc(i))
+
+    def _worker_proc(self, i: int) -> Proc:
+        cores = os.cpu_count() or 1
+        env = dict(os.environ)
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        argv = [
+            sys.executable, "-m", "worker",
+            "--model-path", str(self.model_dir),
+            "--device", "cpu",
+            "--host", self.host,
+            "--port", str(self.worker_base_port + i),
+            "--cpu-kvcache-space-gib", str(self.kv_cache_gib),
+            # One core per replica: DP replicas sharing cores just fight over them.
+            "--cpu-threads-bind", str(i % cores),
+            # The worker drains its requests in flight for up to this long before it stops vLLM.
+            "--drain-timeout-s", str(self.drain_timeout_s),
+            # The gateway shares these cores; without this it waited ~5 ms for a core per ms
+            # of work under overload, and refusals took up to 0.85 s instead of ~20 ms.
+            "--nice", str(self.engine_nice),
+        ]
+        return Proc(f"worker-{i}", argv, env, self.log_dir / f"worker-{i}.log")
+
+    def restart_worker(self, i: int, timeout_s: float = 600) -> None:
+        """Stop worker `i` as Kubernetes would (SIGTERM: it drains, then stops vLLM), wait for
+        every process of it to be gone, start it again and wait until it is healthy."""
+        # The launcher's own bound (drain, then the engine's exit) plus a margin; past it the
+        # whole tree is SIGKILLed, so no engine outlives the old worker.
+        self.worker_procs[i].stop(grace_s=self.drain_timeout_s + 15)
+        self.worker_procs[i] = self._worker_proc(i)
+        wait_http_ok(self.worker_urls[i] + "/health", timeout_s, [self.worker_procs[i]])
 
     def wait_workers(self, timeout_s: float = 600) -> None:
         for url in self.worker_urls:

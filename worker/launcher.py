@@ -7,8 +7,12 @@ The lifecycle, in order (``Launcher.run``):
 3. pre-flight: the parallel layout against config.json and the pod's accelerators;
 4. start vLLM in a new session, i.e. its own process group;
 5. wait until the engine exits or a stop signal arrives;
-6. shut down the whole group: SIGTERM, up to ``drain_timeout_s`` to drain, then SIGKILL;
-7. exit with the engine's status.
+6. on a stop signal, drain the requests (``drain_requests``): the API server turns not-ready
+   and refuses new requests (``worker.drain``), and those in flight get up to
+   ``drain_timeout_s`` to finish;
+7. shut down the whole group: SIGTERM, what is left of ``drain_timeout_s`` (at least
+   ``ENGINE_EXIT_MIN_S``) to exit, then SIGKILL;
+8. exit with the engine's status.
 
 Step 6 targets the process group, not the API server's pid: vLLM's API server leaves its
 ``VLLM::EngineCore`` and ``VLLM::Worker_*`` children running when it alone gets SIGTERM. Those
@@ -18,12 +22,16 @@ orphans keep the group id, so signalling the group reaches them wherever they we
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
@@ -31,6 +39,7 @@ from types import FrameType
 from model_store.marker import is_complete, marker_path
 from worker.accelerators import check_accelerators, pod_accelerators
 from worker.argv import Command
+from worker.drain import DRAIN_FILE_ENV
 from worker.model_checks import check_layout, read_model_shape
 from worker.settings import WorkerSettings
 
@@ -39,6 +48,9 @@ logger = logging.getLogger("worker")
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # After SIGKILL the kernel needs a moment to tear processes down; this only bounds that wait.
 KILL_GRACE_S = 10.0
+# After the request drain, vLLM's own teardown (engine core, workers) takes a few seconds; a drain
+# that used the whole timeout must not turn a clean exit into a SIGKILL.
+ENGINE_EXIT_MIN_S = 5.0
 
 
 class MarkerTimeout(RuntimeError):
@@ -123,6 +135,33 @@ def yield_cpu(pid: int, nice: int) -> None:
         logger.info("vLLM's session yields the CPU: nice %d", nice)
 
 
+def _loopback(host: str) -> str:
+    """Where this pod reaches its own API server bound to ``host``."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _in_flight(url: str) -> int | None:
+    """The drain middleware's count of requests in flight, from its 503 on /health; None when the
+    server is unreachable or not draining (no middleware behind it)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return None  # 200: not draining
+    except urllib.error.HTTPError as exc:
+        with exc:
+            try:
+                state = json.loads(exc.read())
+            except ValueError:
+                return None
+    except (urllib.error.URLError, OSError):
+        return None
+    count = state.get("in_flight") if isinstance(state, dict) else None
+    return count if isinstance(count, int) and state.get("status") == "draining" else None
+
+
 class Launcher:
     def __init__(
         self,
@@ -139,6 +178,9 @@ class Launcher:
         self.force_exit = False
         self.received_signal: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
+        # The flag file that turns the API server's drain middleware on (worker.drain).
+        self._drain_dir: tempfile.TemporaryDirectory[str] | None = None
+        self.drain_file: Path | None = None
 
     def run(self) -> int:
         with self.capture_signals():
@@ -185,6 +227,14 @@ class Launcher:
 
     def startup(self) -> None:
         env = {**self.env, **self.command.env}
+        if self.settings.is_leader:
+            self._drain_dir = tempfile.TemporaryDirectory(prefix="llmserve-drain-")
+            self.drain_file = Path(self._drain_dir.name) / "draining"
+            env[DRAIN_FILE_ENV] = str(self.drain_file)
+            # vLLM imports the middleware (--middleware worker.drain...): the same worker package
+            # as this launcher's, whatever the working directory.
+            here = str(Path(__file__).resolve().parents[1])
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
         try:
             self.process = subprocess.Popen(self.command.argv, env=env, start_new_session=True)
         except OSError as exc:
@@ -209,8 +259,13 @@ class Launcher:
         # the group must not outlive the pod's main process.
         assert self.process is not None
         pgid = self.process.pid
+        timeout = self.settings.drain_timeout_s
+        deadline = time.monotonic() + timeout
+        if self.process.poll() is None and not self.force_exit:
+            self.drain_requests(deadline)
         self._signal_group(pgid, signal.SIGTERM)
-        if not self._wait_group_gone(pgid, self.settings.drain_timeout_s, stop_on_force=True):
+        exit_s = max(deadline - time.monotonic(), min(ENGINE_EXIT_MIN_S, timeout))
+        if not self._wait_group_gone(pgid, exit_s, stop_on_force=True):
             left = group_members(pgid)
             logger.warning(
                 "%d vLLM process(es) still running after WORKER_DRAIN_TIMEOUT_S=%gs; SIGKILL",
@@ -221,8 +276,40 @@ class Launcher:
             if not self._wait_group_gone(pgid, KILL_GRACE_S, stop_on_force=False):
                 logger.error("processes %s survived SIGKILL", group_members(pgid))
         status = exit_status(self.process.wait())
+        if self._drain_dir is not None:
+            self._drain_dir.cleanup()
         logger.info("vLLM stopped; exiting with status %d", status)
         return status
+
+    def drain_requests(self, deadline: float) -> None:
+        """Turn the API server not-ready and wait, until ``deadline``, for its requests in flight
+        to end (worker.drain). Returns at once when the server does not answer with a drain
+        state: still loading (nothing to drain), or started without the middleware."""
+        assert self.process is not None
+        if self.drain_file is None:
+            return
+        self.drain_file.touch()
+        url = f"http://{_loopback(self.settings.host)}:{self.settings.port}/health"
+        first = True
+        while self.process.poll() is None and not self.force_exit:
+            in_flight = _in_flight(url)
+            if in_flight is None:
+                if not first:
+                    logger.warning("lost the drain state at %s; stopping vLLM", url)
+                return
+            if first:
+                logger.info("draining: not ready, new requests refused, %d in flight", in_flight)
+                first = False
+            if in_flight == 0:
+                logger.info("drained: no request in flight")
+                return
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "%d request(s) still in flight after WORKER_DRAIN_TIMEOUT_S=%gs; stopping vLLM",
+                    in_flight, self.settings.drain_timeout_s,
+                )
+                return
+            time.sleep(self.poll_s)
 
     def _signal_group(self, pgid: int, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -260,6 +260,7 @@ class ProxyEndpoint:
             if resp.status != 200:
                 body = await resp.read()
                 resp.release()
+                _note_draining(d.router, backend, resp.status, body)
                 _raise_if_server_error(resp.status, body)
                 # A 4xx is the caller's problem, not the replica's: no retry, no ejection.
                 d.router.report_success(backend)
@@ -453,6 +454,23 @@ def _next_replica(
     return backend
 
 
+# The error code of a worker that drains for a restart (worker/drain.py says the same).
+DRAINING_CODE = "draining"
+
+
+def _note_draining(router: Router, backend: Backend, status: int, body: bytes) -> None:
+    """A 503 saying the replica drains takes it out of rotation now, not at the next probe: every
+    request sent there meanwhile would cost a retry from the budget."""
+    if status != 503:
+        return
+    try:
+        code = orjson.loads(body)["error"]["code"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return
+    if code == DRAINING_CODE:
+        router.report_draining(backend)
+
+
 def _raise_if_server_error(status: int, body: bytes) -> None:
     """A 5xx is the replica's failure (retry elsewhere, count towards ejection); a 4xx is not."""
     if status >= 500:
@@ -489,6 +507,7 @@ def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
                     resp.close()
                     raise
                 resp.release()
+                _note_draining(d.router, backend, resp.status, raw)
                 _raise_if_server_error(resp.status, raw)
                 d.router.report_success(backend)
                 return resp.status, raw, backend.url

@@ -180,6 +180,16 @@ class Router:
         b.ejected_until = now + self._eject_for
         log.warning("ejected %s for %ss after %s", b.url, self._eject_for, why)
 
+    def report_draining(self, b: Backend) -> None:
+        """`b` said it drains for a restart: out now, as if its probe had failed (its /health says
+        503 too, so the next probe agrees); back in when a probe passes again."""
+        if not b.probe_ok:
+            return
+        b.probe_ok = False
+        b.cache_life = CacheLife(b)  # it restarts with an empty cache
+        self._changed.set()
+        log.info("%s is draining; out until its probe passes", b.url)
+
     def _others_available(self, b: Backend) -> bool:
         """Another backend available for some model `b` serves."""
         now = self._clock()

@@ -11,7 +11,15 @@ import pytest
 
 from gateway.flow.keys import load_keys
 from tests.deploy.conftest import DEMO_API_KEY
-from tests.deploy.manifests import NAMESPACE, Manifest, Pod, Release, env_of, selector_matches
+from tests.deploy.manifests import (
+    NAMESPACE,
+    Manifest,
+    Pod,
+    Release,
+    env_of,
+    render,
+    selector_matches,
+)
 
 pytestmark = pytest.mark.helm
 
@@ -346,6 +354,32 @@ def test_disruption_budgets_and_monitors_select_real_pods(release: Release) -> N
         assert {e["port"] for e in sm["spec"]["endpoints"]} <= {
             p["name"] for p in services[0]["spec"]["ports"]
         }
+        assert_scraped_on_the_probe_listener(release, sm, services[0])
+
+
+def assert_scraped_on_the_probe_listener(release: Release, sm: Manifest, svc: Manifest) -> None:
+    """Every endpoint of the gateway's ServiceMonitor reaches the port the gateway opens its probe
+    listener on (GATEWAY_EDGE__PROBE_PORT), the one its kubelet probes use: that listener stays
+    open while the API port drains or refuses a connection flood at its cap."""
+    gateway = next(p for p in release.pods() if p.role == "gateway").container("gateway")
+    container_ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    service_ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    for endpoint in sm["spec"]["endpoints"]:
+        assert endpoint["path"] == "/metrics"
+        target = service_ports[endpoint["port"]]["targetPort"]
+        assert target == gateway["livenessProbe"]["httpGet"]["port"]
+        assert str(container_ports[target]) == env_of(gateway)["GATEWAY_EDGE__PROBE_PORT"]
+        assert container_ports[target] != container_ports["http"]
+
+
+def test_a_moved_probe_port_moves_the_metrics_scrape(render_case: Any) -> None:
+    values = render_case("pinned-images-pull-secrets-overrides").values
+    rel = render({**values, "gateway": {**values.get("gateway", {}), "probePort": 9101}})
+    svc = rel.one("Service", "llm-llmserve-gateway")
+    sm = rel.one("ServiceMonitor")
+    probes = next(p for p in svc["spec"]["ports"] if p["name"] == "probes")
+    assert probes["port"] == 9101 and [e["port"] for e in sm["spec"]["endpoints"]] == ["probes"]
+    assert_scraped_on_the_probe_listener(rel, sm, svc)
 
 
 def test_api_keys_are_mounted_where_the_gateway_looks(render_case: Any) -> None:
@@ -415,18 +449,33 @@ def test_every_pod_is_covered_by_a_network_policy(release: Release) -> None:
         assert policies and all(p["spec"]["policyTypes"] == ["Ingress"] for p in policies), pod.name
 
 
+def _scrapers(release: Release) -> list[dict[str, Any]]:
+    return release.values.get("networkPolicy", {}).get("metricsFrom") or [
+        {
+            "namespaceSelector": {},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }
+    ]
+
+
+def test_scrapers_reach_the_gateways_probe_port_and_only_they(release: Release) -> None:
+    """The ServiceMonitor scrapes the probe listener (port `probes`): the policy must let the
+    scrapers in there, and nobody else."""
+    gateway = next(p for p in release.pods() if p.role == "gateway")
+    (policy,) = _policies_for(gateway, release)
+    rules = [r for r in policy["spec"]["ingress"]
+             if {"port": "probes", "protocol": "TCP"} in r["ports"]]
+    assert [r["from"] for r in rules] == [_scrapers(release)]
+    assert all(r["ports"] == [{"port": "probes", "protocol": "TCP"}] for r in rules)
+
+
 def test_workers_accept_traffic_only_from_gateway_pool_and_scrapers(release: Release) -> None:
     gateway = {
         "app.kubernetes.io/name": "llmserve",
         "app.kubernetes.io/instance": "llm",
         "app.kubernetes.io/component": "gateway",
     }
-    scrapers = release.values.get("networkPolicy", {}).get("metricsFrom") or [
-        {
-            "namespaceSelector": {},
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
-        }
-    ]
+    scrapers = _scrapers(release)
     for pod in release.worker_pods():
         (policy,) = _policies_for(pod, release)
         rules = policy["spec"]["ingress"]

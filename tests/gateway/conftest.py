@@ -38,7 +38,8 @@ def run_gateway(*, expect_ready: bool = True, **settings: Any) -> Iterator[Runni
     """A gateway on a free port in a thread; waits until it is up and has probed every backend up
     (unless told not to: a gateway whose backends are dead never gets there)."""
     port = free_port()
-    s = GatewaySettings(host="127.0.0.1", port=port, health_interval_s=0.2, **settings)
+    s = GatewaySettings(**{"host": "127.0.0.1", "port": port, "health_interval_s": 0.2,
+                           **settings})
     app = build_app(s)
     # The production protocol (gateway/edge.py), so every gateway test also drives the edge.
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",

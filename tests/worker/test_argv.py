@@ -32,6 +32,8 @@ def test_single_node_tensor_parallel_on_gpu_uses_vllm_serve() -> None:
     assert flag_value(cmd, "--served-model-name") == "llama"
     assert flag_value(cmd, "--dtype") == "auto"
     assert (flag_value(cmd, "--host"), flag_value(cmd, "--port")) == ("0.0.0.0", "8000")
+    # The API server drains before a stop (worker/drain.py).
+    assert flag_value(cmd, "--middleware") == "worker.drain.DrainMiddleware"
     # One node, no pipeline: nothing multi-node, and vLLM picks its own TP executor.
     for absent in (
         "--nnodes",
@@ -71,6 +73,7 @@ def test_multi_node_pipeline_follower_is_headless(monkeypatch: pytest.MonkeyPatc
     assert "--headless" in cmd.argv
     # Followers serve no API.
     assert "--host" not in cmd.argv and "--port" not in cmd.argv
+    assert "--middleware" not in cmd.argv
 
 
 def test_cpu_leader_uses_module_form_float32_and_cpu_env() -> None:

@@ -12,7 +12,9 @@ import time
 import httpx
 import pytest
 
+import worker.drain as worker_drain
 from bench.fake_upstream import start_in_thread
+from gateway.api.proxy import DRAINING_CODE
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -94,6 +96,32 @@ def test_failed_replica_is_retried_elsewhere_before_first_byte(
         assert good.completions == 4
 
 
+def test_a_draining_replica_is_taken_out_at_its_first_refusal(upstreams: UpstreamFactory) -> None:
+    """A worker draining for a restart (worker/drain.py) refuses with a 503 coded `draining`: the
+    request is retried elsewhere and the replica gets no more, long before the next probe."""
+    body = json.dumps({"error": {"message": "draining", "type": "service_unavailable",
+                                 "param": None, "code": DRAINING_CODE}})
+    draining, good = upstreams(fail_status=503, fail_body=body), upstreams()
+    with run_gateway(backends=[url_of(draining), url_of(good)], retries=1,
+                     health_interval_s=60) as gw:
+        deadline = time.monotonic() + 10
+        while draining.completions == 0:  # until the policy has picked it once
+            assert time.monotonic() < deadline
+            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+            assert r.status_code == 200 and events(r.text)[-1] == "data: [DONE]"
+        for _ in range(6):
+            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+            assert r.status_code == 200
+        assert draining.completions == 1
+        assert gw.metric("llmserve_upstream_retries_total") == 1
+        up = httpx.get(gw.url + "/metrics").text
+        assert f'llmserve_backend_up{{backend="{url_of(draining)}"}} 0.0' in up
+
+
+def test_drain_code_is_the_workers() -> None:
+    assert DRAINING_CODE == worker_drain.DRAINING_CODE
+
+
 def test_stream_broken_after_first_byte_ends_with_one_error_event(
     upstreams: UpstreamFactory,
 ) -> None:
@@ -133,7 +161,10 @@ def test_failures_show_no_internal_address_or_upstream_body_but_log_them(
         up = upstreams(fail_status={"html_5xx": 503, "html_4xx": 400}.get(case, 0),
                        fail_body=HTML, drop_after=3 if case == "cut" else -1)
     backend = url_of(up)
-    with caplog.at_level(logging.WARNING), run_gateway(backends=[backend], retries=0) as gw:
+    # No probe after the first: one between the upstream's stop and the request would mark it
+    # down, and the answer would be a 503 for no replica instead of the failure under test.
+    with caplog.at_level(logging.WARNING), run_gateway(backends=[backend], retries=0,
+                                                       health_interval_s=60) as gw:
         stack.close()
         r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": case == "cut"})
     rid = r.headers["x-request-id"]
