@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -101,6 +102,20 @@ def counters(host: str, model: str, sources: Sequence[str] = ()) -> Counters:
                 elif s.name == "llmserve_output_tokens_total":
                     tokens += s.value
     return Counters(requests, tokens, by_status)
+
+
+def settled(host: str, model: str, sources: Sequence[str], at_least: float,
+            timeout_s: float = 5.0) -> Counters:
+    """The counters once the gateway has counted `at_least` requests of `model` (or after
+    `timeout_s`): it counts a request when its last byte has gone out, a moment after the client
+    read it, so a snapshot taken right after the client's last request can miss that request and
+    put it into the next run's delta."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = counters(host, model, sources)
+        if now.requests >= at_least or time.monotonic() > deadline:
+            return now
+        time.sleep(0.1)
 
 
 def cross_check(before: Counters, after: Counters, client_requests: int, client_tokens: int,

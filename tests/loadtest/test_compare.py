@@ -9,13 +9,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from loadtest.compare import wait_for
-from loadtest.gateway_view import Counters, counters, cross_check, metrics_urls
+from loadtest.gateway_view import Counters, counters, cross_check, metrics_urls, settled
 from loadtest.settings import settings_from_args
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
@@ -135,6 +136,20 @@ def test_counters_sum_every_gateway_replica(upstreams: UpstreamFactory) -> None:
     assert (both.requests, alone.requests) == (4, 3)
     assert both.output_tokens == 4 * 4 and both.by_status == {"200": 4}
     assert via_dns == both
+
+
+def test_settled_waits_for_the_requests_sent_and_no_longer(upstreams: UpstreamFactory) -> None:
+    # After a warm-up the first run's snapshot must include every warm-up request: settled()
+    # returns once the gateway has counted them, and gives up (returning what it has) after its
+    # timeout when it never will.
+    up = upstreams(model="m")
+    with run_gateway(backends=[url_of(up)]) as gw:
+        for _ in range(2):
+            _chat(gw.url, "m")
+        assert settled(gw.url, "m", [], at_least=2).requests == 2
+        t0 = time.monotonic()
+        assert settled(gw.url, "m", [], at_least=3, timeout_s=0.5).requests == 2
+        assert 0.5 <= time.monotonic() - t0 < 3
 
 
 def test_metrics_urls_resolve_a_name_and_reject_an_unknown_one() -> None:
