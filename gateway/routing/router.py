@@ -186,9 +186,14 @@ class Router:
         if not b.probe_ok:
             return
         b.probe_ok = False
-        b.cache_life = CacheLife(b)  # it restarts with an empty cache
-        self._changed.set()
+        self._went_down(b)
         log.info("%s is draining; out until its probe passes", b.url)
+
+    def _went_down(self, b: Backend) -> None:
+        # The engine may be restarting, and a restarted engine has an empty cache: what routing
+        # learnt about this one counts as a miss from now on.
+        b.cache_life = CacheLife(b)
+        self._changed.set()
 
     def _others_available(self, b: Backend) -> bool:
         """Another backend available for some model `b` serves."""
@@ -326,8 +331,7 @@ class Router:
         was = b.probe_ok
         b.probe_ok = ok and models is not None
         if was and not b.probe_ok:
-            # Down: the engine may be restarting, and a restarted engine has an empty cache.
-            b.cache_life = CacheLife(b)
+            self._went_down(b)
         if models is not None and frozenset(models) != b.models:
             b.models = frozenset(models)
             # At once, before any other task runs: a backend must never be available (ready)
