@@ -33,14 +33,20 @@ import asyncio
 import logging
 import resource
 from asyncio import TimerHandle
+from collections.abc import Awaitable
 from typing import Any, ClassVar, cast
 
 import httptools
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 from uvicorn.server import ServerState
 
+from gateway.api.splice import WRITER_KEY
 from gateway.errors import (
     GatewayError,
     HeadTooLarge,
@@ -98,6 +104,34 @@ class _Refused(Exception):
         super().__init__(reason)
         self.reason = reason
         self.error = error
+
+
+class ChunkWriter:
+    """Direct body writes for the proxy's streamed relay (api/splice.py's ClientWriter), on one of
+    uvicorn's request cycles. The head went out through the cycle's `send`; so will the last
+    chunk, which completes the response in uvicorn's books. In between, each write here is the
+    chunked framing and one `transport.write`, exactly what `send` would have written."""
+
+    __slots__ = ("_cycle", "_flow", "_transport")
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+        self._flow = cycle.flow
+        self._transport = cycle.transport
+
+    def usable(self) -> bool:
+        c = self._cycle
+        return bool(c.response_started and c.chunked_encoding and not c.response_complete
+                    and c.scope["method"] != "HEAD")
+
+    def write(self, body: bytes) -> bool:
+        if self._cycle.disconnected:
+            return True  # as uvicorn's send: dropped; the disconnect cancels the relay
+        self._transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return not self._flow.write_paused
+
+    def drain(self) -> Awaitable[None]:
+        return self._flow.drain()
 
 
 class EdgeProtocol(HttpToolsProtocol):
@@ -220,6 +254,10 @@ class EdgeProtocol(HttpToolsProtocol):
         self._heads += 1
         self._disarm()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # None/stale: refused or upgraded
+            # The app task has not run yet: the writer is in its scope before its first look.
+            self.scope[WRITER_KEY] = ChunkWriter(cycle)  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:
         self._body_at = self.loop.time()

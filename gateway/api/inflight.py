@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.api.splice import ClientWriter
 from gateway.errors import Unavailable
 
 # What a request cut by the drain is told: retryable, and not the replica's fault.
@@ -27,10 +28,12 @@ DRAIN_EXPIRED = Unavailable(
 class Exchange:
     """One client request through the proxy."""
 
-    __slots__ = ("expired", "head_sent", "responded", "rid", "started", "task")
+    __slots__ = ("expired", "head_sent", "responded", "rid", "started", "task", "writer")
 
-    def __init__(self, task: asyncio.Task[object] | None, started: float, rid: str = "-") -> None:
+    def __init__(self, task: asyncio.Task[object] | None, started: float, rid: str = "-",
+                 writer: ClientWriter | None = None) -> None:
         self.task = task
+        self.writer = writer  # the server's direct body writer, if it offers one (api/splice.py)
         self.started = started  # loop time the request arrived
         self.rid = rid  # the request id, for log lines about this request
         self.head_sent = False  # the response head reached uvicorn: only in-band errors now

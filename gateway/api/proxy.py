@@ -22,6 +22,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway.api.inflight import DRAIN_EXPIRED, Exchange, InFlight
 from gateway.api.schemas import Kind, ParsedRequest, parse_request
+from gateway.api.splice import WRITER_KEY, Splice
 from gateway.api.sse import SseRelay
 from gateway.errors import (
     GatewayError,
@@ -102,7 +103,8 @@ class ProxyEndpoint:
         # From here the client may vanish at any await: watch for it in the background and cancel
         # this task, which unwinds into the upstream response's close().
         task = asyncio.current_task()
-        ex = Exchange(task, started, scope.get("state", {}).get("request_id", "-"))
+        ex = Exchange(task, started, scope.get("state", {}).get("request_id", "-"),
+                      scope.get(WRITER_KEY))
         inflight = self._d.inflight
         inflight.add(ex)
         watcher = loop.create_task(_watch_disconnect(receive, ex))
@@ -336,8 +338,24 @@ class ProxyEndpoint:
         now = loop.time
         gaps: list[float] = [0.0] * (first.count(b"\n\n") - 1)
         last = started + ttft
+        writer = ex.writer
         try:
             out = first
+            if writer is not None and writer.usable() and not relay.saw_done:
+                # The fast lane (api/splice.py): chunks written from the upstream read callback.
+                splice = Splice(relay, writer, gaps, last, now)
+                blocked = not writer.write(out)
+                while True:
+                    if blocked:
+                        await writer.drain()
+                    splice.blocked = False
+                    await resp.push(splice)
+                    if relay.saw_done:
+                        out = splice.final
+                        break
+                    if not splice.blocked:
+                        raise UpstreamFailed("replica ended the stream without [DONE]")
+                    blocked = True
             while not relay.saw_done:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
                 out = b""

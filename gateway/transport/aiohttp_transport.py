@@ -17,6 +17,7 @@ import aiohttp
 
 from gateway.errors import UpstreamFailed, UpstreamTimeout
 from gateway.settings import Timeouts
+from gateway.transport.base import BodySink
 from gateway.transport.deadline import Deadline
 
 
@@ -58,6 +59,12 @@ class AiohttpResponse:
         d.last = self._loop.time()
         d.got_first = True
         return data
+
+    async def push(self, sink: BodySink) -> None:
+        # aiohttp owns its read callback: a plain pull loop (no fast lane on this transport).
+        while chunk := await self.readany():
+            if not sink(chunk):
+                return
 
     def close(self) -> None:
         self._deadline.cancel()

@@ -7,8 +7,11 @@ benchmark, docs/benchmarks.md) and tests can substitute a transport without a ne
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
+
+# Takes one body chunk; returns False to stop being fed (the chunk itself is consumed either way).
+BodySink = Callable[[bytes], bool]
 
 
 class UpstreamResponse(Protocol):
@@ -20,6 +23,16 @@ class UpstreamResponse(Protocol):
 
     async def readany(self) -> bytes:
         """The next bytes available, as they arrived; b"" at the end of the body."""
+        ...
+
+    async def push(self, sink: BodySink) -> None:
+        """Feed body chunks to `sink` as they arrive, until it returns False or the body ends.
+
+        The streamed relay's fast lane: a transport that owns its read callback calls `sink` from
+        it, so an SSE event costs no future, task wake-up or `readany` round trip. Returns when
+        `sink` asked to stop or the body is complete (the caller tells which); raises like
+        `readany` when the upstream fails or times out.
+        """
         ...
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ import httptools
 
 from gateway.errors import UpstreamFailed, UpstreamTimeout
 from gateway.settings import Timeouts
+from gateway.transport.base import BodySink
 from gateway.transport.deadline import Deadline
 
 # Unread upstream bytes held per stream before we stop reading the socket (back-pressure).
@@ -48,6 +49,9 @@ class _Conn(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self.got_bytes = False
         self.deadline: Deadline | None = None
+        # Push mode (`push`): body chunks go straight to this sink from the parser callback.
+        self._sink: BodySink | None = None
+        self._sink_stopped = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -67,7 +71,10 @@ class _Conn(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._error = f"malformed response from the replica: {exc}"
             self.abort()
-        self._wake()
+        # In push mode the reader sleeps through the stream: wake it only when the sink stopped
+        # (it is then unset) or the body ended or failed.
+        if self._sink is None or self._complete or self._error is not None:
+            self._wake()
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
@@ -82,6 +89,16 @@ class _Conn(asyncio.Protocol):
             self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        sink = self._sink
+        if sink is not None:
+            d = self.deadline
+            if d is not None:
+                d.last = self._loop.time()
+            if not sink(body):
+                # Chunks later in this same read queue up for the reader, as in pull mode.
+                self._sink = None
+                self._sink_stopped = True
+            return
         self._chunks.append(body)
         self._buffered += len(body)
 
@@ -141,6 +158,29 @@ class _Conn(asyncio.Protocol):
             finally:
                 self._waiter = None
 
+    async def push(self, sink: BodySink) -> None:
+        while True:
+            if self._chunks:
+                # What arrived while nobody was pushing goes first, as one chunk.
+                data = await self.readany()
+                if not sink(data):
+                    return
+                continue
+            if self._complete:
+                return
+            if self._error is not None:
+                raise self.failure()
+            self._sink = sink
+            self._sink_stopped = False
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                self._sink = None
+            if self._sink_stopped:
+                return
+
     def reusable(self) -> bool:
         return (self._complete and self.transport is not None and not self._chunks
                 and self._keep_alive)
@@ -155,12 +195,13 @@ class _Conn(asyncio.Protocol):
 
 
 class H1Response:
-    __slots__ = ("_conn", "_done", "readany", "status")
+    __slots__ = ("_conn", "_done", "push", "readany", "status")
 
     def __init__(self, conn: _Conn) -> None:
         self._conn = conn
         self.status = conn.status
         self.readany = conn.readany  # bound once: the per-chunk call skips one attribute lookup
+        self.push = conn.push
         self._done = False
 
     async def read(self) -> bytes:

@@ -34,9 +34,11 @@ class RunningGateway:
 
 
 @contextlib.contextmanager
-def run_gateway(*, expect_ready: bool = True, **settings: Any) -> Iterator[RunningGateway]:
+def run_gateway(*, expect_ready: bool = True, edge: bool = True,
+                **settings: Any) -> Iterator[RunningGateway]:
     """A gateway on a free port in a thread; waits until it is up and has probed every backend up
-    (unless told not to: a gateway whose backends are dead never gets there)."""
+    (unless told not to: a gateway whose backends are dead never gets there). `edge=False` serves
+    it with uvicorn's plain httptools protocol, which offers the proxy no direct body writer."""
     port = free_port()
     s = GatewaySettings(**{"host": "127.0.0.1", "port": port, "health_interval_s": 0.2,
                            **settings})
@@ -44,7 +46,8 @@ def run_gateway(*, expect_ready: bool = True, **settings: Any) -> Iterator[Runni
     # The production protocol (gateway/edge.py), so every gateway test also drives the edge.
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
                                            lifespan="on", loop="asyncio",
-                                           http=EdgeProtocol.bound(Edge(s.edge, app.state.metrics))))
+                                           http=EdgeProtocol.bound(Edge(s.edge, app.state.metrics))
+                                           if edge else "httptools"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

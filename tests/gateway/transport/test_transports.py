@@ -184,3 +184,38 @@ async def test_abort_mid_stream_closes_the_connection(server: str) -> None:
     assert await resp.read() == b"data: x\n\n"
     resp.release()
     await t.close()
+
+
+async def test_push_feeds_the_sink_until_the_body_ends(server: str, transport) -> None:
+    t = transport(idle_s=0.5)
+    resp = await t.post(server + "/stream?gaps=0,0.05,0.05", b"{}", {}, streaming=True)
+    got: list[bytes] = []
+    await resp.push(lambda chunk: got.append(chunk) is None)
+    assert b"".join(got) == b"data: x\n\n" * 3
+    assert await resp.readany() == b""  # the body is complete
+    resp.release()
+    await t.close()
+
+
+async def test_push_stops_when_the_sink_says_so_and_the_rest_is_still_readable(
+    server: str, transport
+) -> None:
+    t = transport(idle_s=0.5)
+    resp = await t.post(server + "/stream?gaps=0,0.05,0.05", b"{}", {}, streaming=True)
+    got: list[bytes] = []
+    await resp.push(lambda chunk: got.append(chunk) and False)  # stop after the first chunk
+    assert got == [b"data: x\n\n"]
+    assert b"".join(await drain(resp)) == b"data: x\n\n" * 2  # nothing lost
+    resp.release()
+    await t.close()
+
+
+async def test_push_times_out_on_an_idle_gap(server: str, transport) -> None:
+    # The deadline's idle clock is refreshed from the read callback in push mode.
+    t = transport(idle_s=0.3)
+    resp = await t.post(server + "/stream?gaps=0,0.1,0.1,0.1,0.8", b"{}", {}, streaming=True)
+    got: list[bytes] = []
+    with pytest.raises(UpstreamTimeout, match="no data for 0.3s"):
+        await resp.push(lambda chunk: got.append(chunk) is None)
+    assert len(got) == 4
+    await t.close()

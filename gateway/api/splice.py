@@ -1,0 +1,84 @@
+"""The streamed relay's fast lane: upstream SSE chunks written to the client from the read callback.
+
+At a real decode pace every SSE event arrives alone, so whatever the relay does per chunk is paid
+~65 times per request. Through ASGI an event costs: a future and a task wake-up for the reader, a
+message dict, the middleware's `send` wrapper, uvicorn's `send` coroutine with its state checks,
+and the chunked framing. Here the upstream transport's parser callback hands each chunk to a
+`Splice`, which frames it and writes it to the client's socket itself: one Python call and one
+`write` per event, with the proxy's task asleep until the stream ends (bench/paired_cpu.py; figures
+in docs/benchmarks.md).
+
+The response head, the final event (`[DONE]`, sent with `more_body=False`) and any in-band error
+still go through ASGI `send`, so the server's own bookkeeping (keep-alive, response completion,
+access log) stays whole. The lane is only taken when the server offers a `ClientWriter` in the
+scope (the gateway's edge protocol does; a test client or another server does not) and the
+response is chunked; otherwise the relay pulls chunks and sends them through ASGI as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from gateway.api.sse import SseRelay
+
+# The scope key under which a server offers a ClientWriter for the current request.
+WRITER_KEY = "llmserve.client_writer"
+
+
+class ClientWriter(Protocol):
+    """Raw body writes for a response whose head went out through ASGI (gateway/edge.py)."""
+
+    def usable(self) -> bool:
+        """The head was sent, the body is chunked and not complete: direct writes are valid."""
+        ...
+
+    def write(self, body: bytes) -> bool:
+        """Write one chunk of body (framed here). False when the client cannot take more now:
+        its socket buffer is full (await `drain`). Writes after a disconnect are dropped."""
+        ...
+
+    def drain(self) -> Awaitable[None]:
+        """Until the client's socket buffer has room again (or the client is gone)."""
+        ...
+
+
+class Splice:
+    """The sink the upstream transport feeds (transport.base.BodySink): relay, time, write.
+
+    `gaps` collects the inter-token gaps as the pull path does (one per chunk, 0 for each further
+    event in the same chunk). It stops being fed (returns False) at the chunk holding `[DONE]`,
+    which it keeps in `final` for the proxy to send through ASGI, or when the client's buffer is
+    full (`blocked`), for the proxy to wait on `drain` and push again.
+    """
+
+    __slots__ = ("_feed", "_now", "_relay", "_write", "blocked", "final", "gaps", "last")
+
+    def __init__(self, relay: SseRelay, writer: ClientWriter, gaps: list[float], last: float,
+                 now: Callable[[], float]) -> None:
+        self._relay = relay
+        self._feed = relay.feed
+        self._write = writer.write
+        self._now = now
+        self.gaps = gaps
+        self.last = last
+        self.final = b""
+        self.blocked = False
+
+    def __call__(self, chunk: bytes) -> bool:
+        out = self._feed(chunk)
+        if not out:
+            return True  # a partial event: held by the relay until its end arrives
+        t = self._now()
+        self.gaps.append(t - self.last)
+        self.last = t
+        extra = out.count(b"\n\n") - 1  # a C scan of a short chunk
+        if extra > 0:
+            self.gaps += [0.0] * extra
+        if self._relay.saw_done:
+            self.final = out
+            return False
+        if self._write(out):
+            return True
+        self.blocked = True
+        return False

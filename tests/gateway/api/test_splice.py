@@ -1,0 +1,154 @@
+"""The streamed relay's fast lane (gateway/api/splice.py): the sink on its own, and through a real
+gateway with a client that reads slowly and with a server that offers no direct writer."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from gateway.api import proxy
+from gateway.api.splice import Splice
+from gateway.api.sse import SseRelay
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+
+CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+class Writer:
+    def __init__(self, room: int = 1_000) -> None:
+        self.room = room  # writes accepted before it reports a full buffer
+        self.written: list[bytes] = []
+
+    def usable(self) -> bool:
+        return True
+
+    def write(self, body: bytes) -> bool:
+        self.written.append(body)
+        return len(self.written) < self.room
+
+    async def drain(self) -> None:
+        return None
+
+
+def splice(writer: Writer, gaps: list[float], clock: list[float]) -> Splice:
+    return Splice(SseRelay(strip_usage=True), writer, gaps, 0.0, lambda: clock[0])
+
+
+def test_whole_events_are_written_and_timed_partial_ones_held() -> None:
+    w, gaps, clock = Writer(), [], [0.0]
+    s = splice(w, gaps, clock)
+    clock[0] = 0.02
+    assert s(b"data: a\n\n") is True
+    clock[0] = 0.05
+    assert s(b"data: b") is True  # half an event: nothing written, no gap yet
+    assert w.written == [b"data: a\n\n"]
+    clock[0] = 0.06
+    assert s(b"\n\ndata: c\n\n") is True  # the end of b and all of c, in one read
+    assert w.written == [b"data: a\n\n", b"data: b\n\ndata: c\n\n"]
+    assert gaps == pytest.approx([0.02, 0.04, 0.0])
+
+
+def test_done_is_kept_for_asgi_and_usage_stripped() -> None:
+    w, gaps, clock = Writer(), [], [0.0]
+    s = splice(w, gaps, clock)
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
+    assert s(b"data: a\n\n") is True
+    assert s(usage + b"data: [DONE]\n\n") is False  # stop: the proxy sends the end itself
+    assert s.final == b"data: [DONE]\n\n" and not s.blocked
+    assert w.written == [b"data: a\n\n"]
+    assert s._relay.completion_tokens == 2
+
+
+def test_a_full_client_buffer_stops_the_feed_after_writing() -> None:
+    w, gaps, clock = Writer(room=2), [], [0.0]
+    s = splice(w, gaps, clock)
+    assert s(b"data: a\n\n") is True
+    assert s(b"data: b\n\n") is False  # written, but the buffer is full now
+    assert s.blocked and w.written == [b"data: a\n\n", b"data: b\n\n"]
+
+
+def read_chunked_stream(sock: socket.socket) -> bytes:
+    """The body of one chunked HTTP response, framing checked chunk by chunk."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(65536)
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    body = bytearray()
+    while True:
+        while b"\r\n" not in buf:
+            buf += sock.recv(65536)
+        size_line, buf = buf.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        while len(buf) < size + 2:
+            more = sock.recv(65536)
+            assert more, "connection closed mid-chunk"
+            buf += more
+        assert buf[size:size + 2] == b"\r\n"
+        if size == 0:
+            return bytes(body)
+        body += buf[:size]
+        buf = buf[size + 2:]
+
+
+def test_a_client_that_reads_slowly_gets_every_event(
+    upstreams: UpstreamFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Far more than the socket buffers hold, sent by the upstream at once: the gateway's writes
+    # to the stalled client fill its buffer, the fast lane stops, waits for the drain, resumes.
+    stops = []
+
+    class CountingSplice(Splice):
+        def __call__(self, chunk: bytes) -> bool:
+            going = super().__call__(chunk)
+            if self.blocked and not going:
+                stops.append(1)
+            return going
+
+    monkeypatch.setattr(proxy, "Splice", CountingSplice)
+    n = 20_000
+    up = upstreams()
+    body = httpx.Request("POST", "http://x/v1/chat/completions",
+                         json={**CHAT, "max_tokens": n, "stream": True}).content
+    with run_gateway(backends=[url_of(up)]) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.settimeout(30)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                         b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            time.sleep(1.0)  # read nothing while the upstream has sent it all
+            text = read_chunked_stream(sock)
+        events = [e for e in text.split(b"\n\n") if e]
+        assert sum(e.count(b'"content":" tok"') for e in events) == n
+        assert events[-1] == b"data: [DONE]"
+        assert up.aborted == 0
+        assert gw.metric("llmserve_tpot_seconds_count") == 1
+    assert stops, "the client's buffer never filled: the test did not exercise back-pressure"
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_fast_lane_and_asgi_relay_give_the_same_stream(
+    upstreams: UpstreamFactory, usage: bool
+) -> None:
+    # `edge=False`: uvicorn's plain protocol offers no writer, so the proxy pulls and sends each
+    # chunk through ASGI. Same events, same usage handling, same ITL count either way.
+    up = upstreams(token_delay_s=0.005)
+    body = {**CHAT, "stream": True, **({"stream_options": {"include_usage": True}} if usage else {})}
+    seen = {}
+    for edge in (True, False):
+        with run_gateway(backends=[url_of(up)], edge=edge) as gw:
+            text = httpx.post(gw.url + "/v1/chat/completions", json=body).text
+            seen[edge] = ([e for e in text.split("\n\n") if e.strip()],
+                          gw.metric("llmserve_itl_seconds_count"),
+                          gw.metric("llmserve_output_tokens_total"))
+    assert seen[True] == seen[False]
+    events, itl, tokens = seen[True]
+    assert events[-1] == "data: [DONE]"
+    assert any('"usage"' in e for e in events) is usage
+    assert (itl, tokens) == (6, 5)
