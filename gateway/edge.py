@@ -33,7 +33,6 @@ import asyncio
 import logging
 import resource
 from asyncio import TimerHandle
-from collections.abc import Awaitable
 from typing import Any, ClassVar, cast
 
 import httptools
@@ -107,31 +106,22 @@ class _Refused(Exception):
 
 
 class ChunkWriter:
-    """Direct body writes for the proxy's streamed relay (api/splice.py's ClientWriter), on one of
-    uvicorn's request cycles. The head went out through the cycle's `send`; so will the last
-    chunk, which completes the response in uvicorn's books. In between, each write here is the
-    chunked framing and one `transport.write`, exactly what `send` would have written."""
+    """What the proxy's streamed relay needs to write a body itself (api/splice.py's ClientWriter),
+    from one of uvicorn's request cycles. The head went out through the cycle's `send`; so will
+    the last chunk, which completes the response in uvicorn's books. In between, the relay writes
+    the chunked framing with the cycle's transport, exactly what `send` would have written."""
 
-    __slots__ = ("_cycle", "_flow", "_transport")
+    __slots__ = ("_cycle", "flow", "transport")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
-        self._flow = cycle.flow
-        self._transport = cycle.transport
+        self.flow = cycle.flow
+        self.transport = cycle.transport
 
     def usable(self) -> bool:
         c = self._cycle
         return bool(c.response_started and c.chunked_encoding and not c.response_complete
-                    and c.scope["method"] != "HEAD")
-
-    def write(self, body: bytes) -> bool:
-        if self._cycle.disconnected:
-            return True  # as uvicorn's send: dropped; the disconnect cancels the relay
-        self._transport.write(b"%x\r\n%b\r\n" % (len(body), body))
-        return not self._flow.write_paused
-
-    def drain(self) -> Awaitable[None]:
-        return self._flow.drain()
+                    and not c.disconnected and c.scope["method"] != "HEAD")
 
 
 class EdgeProtocol(HttpToolsProtocol):

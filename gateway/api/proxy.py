@@ -344,10 +344,10 @@ class ProxyEndpoint:
             if writer is not None and writer.usable() and not relay.saw_done:
                 # The fast lane (api/splice.py): chunks written from the upstream read callback.
                 splice = Splice(relay, writer, gaps, last, now)
-                blocked = not writer.write(out)
+                blocked = not splice.write(out)
                 while True:
                     if blocked:
-                        await writer.drain()
+                        await writer.flow.drain()
                     splice.blocked = False
                     await resp.push(splice)
                     if relay.saw_done:

@@ -15,22 +15,28 @@ import orjson
 
 from gateway.usage import usage_counts
 
-_SEP = b"\n\n"
-_DONE = b"data: [DONE]\n\n"
+EVENT_END = b"\n\n"
+DONE_EVENT = b"data: [DONE]\n\n"
 # vLLM emits compact JSON; the spaced form covers other OpenAI-compatible upstreams.
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
 # One scan per chunk finds both forms (and `"usage":null`, which _take_usage then passes through):
 # each scan of a chunk costs about 1% of the gateway's CPU at a real pace (py-spy --native).
-_USAGE_KEY = b'"usage":'
+USAGE_KEY = b'"usage":'
 
 
 class SseRelay:
-    __slots__ = ("_pending", "_strip_usage", "completion_tokens", "prompt_tokens", "saw_done",
-                 "usage_known")
+    __slots__ = (
+        "_strip_usage",
+        "completion_tokens",
+        "pending",
+        "prompt_tokens",
+        "saw_done",
+        "usage_known",
+    )
 
     def __init__(self, strip_usage: bool) -> None:
         self._strip_usage = strip_usage
-        self._pending = b""
+        self.pending = b""
         self.prompt_tokens = 0
         self.completion_tokens = 0
         # False until a well-formed usage arrives, and again if a later one is malformed: then
@@ -40,25 +46,25 @@ class SseRelay:
 
     def feed(self, chunk: bytes) -> bytes:
         """Return the bytes to forward now (possibly b"")."""
-        if self._pending:
-            chunk = self._pending + chunk
-            self._pending = b""
-        if not chunk.endswith(_SEP):
-            cut = chunk.rfind(_SEP)
+        if self.pending:
+            chunk = self.pending + chunk
+            self.pending = b""
+        if not chunk.endswith(EVENT_END):
+            cut = chunk.rfind(EVENT_END)
             if cut < 0:
-                self._pending = chunk
+                self.pending = chunk
                 return b""
-            self._pending = chunk[cut + 2 :]
+            self.pending = chunk[cut + 2 :]
             chunk = chunk[: cut + 2]
-        if _USAGE_KEY in chunk:
+        if USAGE_KEY in chunk:
             chunk = self._take_usage(chunk)
-        if chunk.endswith(_DONE):
+        if chunk.endswith(DONE_EVENT):
             self.saw_done = True
         return chunk
 
     def flush(self) -> bytes:
         """At upstream EOF: whatever partial event is left (a well-formed stream leaves none)."""
-        rest, self._pending = self._pending, b""
+        rest, self.pending = self.pending, b""
         return rest
 
     def _take_usage(self, chunk: bytes) -> bytes:
@@ -77,9 +83,9 @@ class SseRelay:
             if hit < 0:
                 out.append(chunk[pos:])
                 return b"".join(out) if len(out) > 1 else out[0]
-            start = chunk.rfind(_SEP, pos, hit)
+            start = chunk.rfind(EVENT_END, pos, hit)
             start = pos if start < 0 else start + 2
-            end = chunk.find(_SEP, hit) + 2  # the chunk ends with _SEP, so this is found
+            end = chunk.find(EVENT_END, hit) + 2  # the chunk ends with EVENT_END, so this is found
             usage_only = self._record_usage(chunk[start : end - 2])
             out.append(chunk[pos:start])
             if not (usage_only and self._strip_usage):

@@ -18,23 +18,42 @@ CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_t
 
 
 class Writer:
+    """A ClientWriter over a recording transport; its buffer is full after `room` writes."""
+
     def __init__(self, room: int = 1_000) -> None:
-        self.room = room  # writes accepted before it reports a full buffer
-        self.written: list[bytes] = []
+        self.room = room
+        self.frames: list[bytes] = []
+        self.transport = self
+        self.flow = self
+        self.write_paused = False
+
+    @property
+    def written(self) -> list[bytes]:
+        """The bodies written, unframed (each frame checked)."""
+        out = []
+        for frame in self.frames:
+            size, _, rest = frame.partition(b"\r\n")
+            assert rest.endswith(b"\r\n") and int(size, 16) == len(rest) - 2
+            out.append(rest[:-2])
+        return out
 
     def usable(self) -> bool:
         return True
 
-    def write(self, body: bytes) -> bool:
-        self.written.append(body)
-        return len(self.written) < self.room
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, frame: bytes) -> None:
+        self.frames.append(frame)
+        self.write_paused = len(self.frames) >= self.room
 
     async def drain(self) -> None:
         return None
 
 
 def splice(writer: Writer, gaps: list[float], clock: list[float]) -> Splice:
-    return Splice(SseRelay(strip_usage=True), writer, gaps, 0.0, lambda: clock[0])
+    return Splice(SseRelay(strip_usage=True), writer, gaps, 0.0,  # type: ignore[arg-type]
+                  lambda: clock[0])
 
 
 def test_whole_events_are_written_and_timed_partial_ones_held() -> None:
