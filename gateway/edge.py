@@ -33,6 +33,7 @@ import asyncio
 import logging
 import resource
 from asyncio import TimerHandle
+from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
 import httptools
@@ -111,12 +112,13 @@ class ChunkWriter:
     the last chunk, which completes the response in uvicorn's books. In between, the relay writes
     the chunked framing with the cycle's transport, exactly what `send` would have written."""
 
-    __slots__ = ("_cycle", "flow", "transport")
+    __slots__ = ("_cycle", "flow", "lost", "transport")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
         self.flow = cycle.flow
         self.transport = cycle.transport
+        self.lost: Callable[[], None] | None = None  # the proxy's hang-up callback
 
     def usable(self) -> bool:
         c = self._cycle
@@ -148,6 +150,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._body_at = 0.0  # loop time of the last body read (or of the end of the head)
         self._refused = False
         self._linger_room = 0
+        self._writer: ChunkWriter | None = None  # the current request's, offered to the proxy
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -163,6 +166,9 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        writer = self._writer
+        if writer is not None and writer.lost is not None:
+            writer.lost()  # the proxy's request, still running: cancel it
 
     def data_received(self, data: bytes) -> None:
         if self._refused:  # lingering: drop what the client still sends, up to a point
@@ -247,7 +253,8 @@ class EdgeProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # None/stale: refused or upgraded
             # The app task has not run yet: the writer is in its scope before its first look.
-            self.scope[WRITER_KEY] = ChunkWriter(cycle)  # type: ignore[literal-required]
+            self._writer = ChunkWriter(cycle)
+            self.scope[WRITER_KEY] = self._writer  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:
         self._body_at = self.loop.time()

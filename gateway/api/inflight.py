@@ -28,7 +28,7 @@ DRAIN_EXPIRED = Unavailable(
 class Exchange:
     """One client request through the proxy."""
 
-    __slots__ = ("expired", "head_sent", "responded", "rid", "started", "task", "writer")
+    __slots__ = ("expired", "gone", "head_sent", "responded", "rid", "started", "task", "writer")
 
     def __init__(self, task: asyncio.Task[object] | None, started: float, rid: str = "-",
                  writer: ClientWriter | None = None) -> None:
@@ -39,6 +39,14 @@ class Exchange:
         self.head_sent = False  # the response head reached uvicorn: only in-band errors now
         self.responded = False  # the last body byte was sent: the client has its answer
         self.expired = False  # cancelled by the drain timeout, not by a disconnect
+        self.gone = False  # cancelled because the client hung up before its answer was complete
+
+    def hang_up(self) -> None:
+        """The client's connection dropped: cancel the request unless it was already answered
+        (after a complete response a closed connection is not a hang-up)."""
+        if not self.responded and self.task is not None and not self.gone:
+            self.gone = True
+            self.task.cancel()
 
 
 class InFlight:

@@ -22,7 +22,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway.api.inflight import DRAIN_EXPIRED, Exchange, InFlight
 from gateway.api.schemas import Kind, ParsedRequest, parse_request
-from gateway.api.splice import WRITER_KEY, Splice
+from gateway.api.splice import WRITER_KEY, ClientWriter, Splice
 from gateway.api.sse import SseRelay
 from gateway.errors import (
     GatewayError,
@@ -100,14 +100,20 @@ class ProxyEndpoint:
             await send_error(send, exc)
             return
 
-        # From here the client may vanish at any await: watch for it in the background and cancel
-        # this task, which unwinds into the upstream response's close().
+        # From here the client may vanish at any await: a hang-up cancels this task, which unwinds
+        # into the upstream response's close(). The edge protocol reports it from its
+        # connection_lost (a callback, no task per request); other servers only through
+        # receive(), which a watcher task awaits in the background.
         task = asyncio.current_task()
-        ex = Exchange(task, started, scope.get("state", {}).get("request_id", "-"),
-                      scope.get(WRITER_KEY))
+        writer: ClientWriter | None = scope.get(WRITER_KEY)
+        ex = Exchange(task, started, scope.get("state", {}).get("request_id", "-"), writer)
         inflight = self._d.inflight
         inflight.add(ex)
-        watcher = loop.create_task(_watch_disconnect(receive, ex))
+        watcher = None
+        if writer is not None:
+            writer.lost = ex.hang_up
+        else:
+            watcher = loop.create_task(_watch_disconnect(receive, ex))
         try:
             await self._serve(scope, req, raw, send, ex)
         except asyncio.CancelledError:
@@ -116,7 +122,7 @@ class ProxyEndpoint:
                 if task is not None:
                     task.uncancel()
                 await _end_expired(send, ex)
-            elif not watcher.done() or watcher.cancelled() or not watcher.result():
+            elif not ex.gone:
                 raise
             # Our own cancellation for a disconnect: absorb it, the request is over.
             elif task is not None:
@@ -128,7 +134,10 @@ class ProxyEndpoint:
             with contextlib.suppress(Exception):
                 await send_error(send, GatewayError("internal error"))
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            if writer is not None:
+                writer.lost = None
             inflight.discard(ex)
 
     async def _serve(
@@ -540,15 +549,13 @@ def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
     return call
 
 
-async def _watch_disconnect(receive: Receive, ex: Exchange) -> bool:
+async def _watch_disconnect(receive: Receive, ex: Exchange) -> None:
     message: Message = await receive()
     # Once the response is complete uvicorn answers every receive() with http.disconnect: that
     # is not a hang-up, and cancelling then would abort the upstream connection while the proxy
-    # reads the chunked terminator, which may come in a later read than [DONE].
-    if message["type"] == "http.disconnect" and not ex.responded and ex.task is not None:
-        ex.task.cancel()
-        return True
-    return False
+    # reads the chunked terminator, which may come in a later read than [DONE] (hang_up checks).
+    if message["type"] == "http.disconnect":
+        ex.hang_up()
 
 
 async def _end_expired(send: Send, ex: Exchange) -> None:

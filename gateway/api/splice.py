@@ -45,6 +45,8 @@ class ClientWriter(Protocol):
 
     transport: asyncio.WriteTransport
     flow: WriteFlow
+    # Called by the server when the client's connection drops (set by the proxy per request).
+    lost: Callable[[], None] | None
 
     def usable(self) -> bool:
         """The head was sent, the body is chunked and not complete: direct writes are valid."""

@@ -250,9 +250,14 @@ def test_oversized_body_is_413_counted_not_trusted(upstreams: UpstreamFactory,
         assert httpx.get(gw.url + "/health").status_code == 200
 
 
-def test_client_disconnect_mid_stream_closes_the_upstream(upstreams: UpstreamFactory) -> None:
+@pytest.mark.parametrize("edge", [True, False], ids=["edge-callback", "plain-watcher"])
+def test_client_disconnect_mid_stream_closes_the_upstream(
+    upstreams: UpstreamFactory, edge: bool
+) -> None:
+    # The edge protocol reports the hang-up from connection_lost; under uvicorn's plain protocol
+    # the proxy's watcher task hears it from receive(). Either way the upstream is dropped.
     up = upstreams(token_delay_s=0.05)
-    with run_gateway(backends=[url_of(up)]) as gw, httpx.Client() as c:
+    with run_gateway(backends=[url_of(up)], edge=edge) as gw, httpx.Client() as c:
         with c.stream("POST", gw.url + "/v1/chat/completions",
                       json={**CHAT, "max_tokens": 200, "stream": True}) as r:
             it = r.iter_bytes()
@@ -262,6 +267,27 @@ def test_client_disconnect_mid_stream_closes_the_upstream(upstreams: UpstreamFac
         while up.aborted == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert up.aborted == 1
+
+
+@pytest.mark.parametrize("edge", [True, False], ids=["edge-callback", "plain-watcher"])
+def test_client_disconnect_before_the_first_token_closes_the_upstream(
+    upstreams: UpstreamFactory, edge: bool
+) -> None:
+    up = upstreams(first_token_delay_s=1.0)
+    with run_gateway(backends=[url_of(up)], edge=edge) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        body = json.dumps({**CHAT, "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                         b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            time.sleep(0.3)  # the request is at the upstream, waiting for its first token
+        # The gateway drops the upstream connection; the fake notices at its first token's write
+        # (an engine notices at once). Had the request gone on, the stream would end unaborted.
+        deadline = time.monotonic() + 3
+        while up.aborted == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert up.aborted == 1
+        assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
 
 
 def test_terminator_after_done_in_a_later_read_keeps_the_upstream_connection(
