@@ -10,6 +10,10 @@ the two. Keep the total load well under one core (e.g. 60-100 req/s each): a sat
 each process its fair share, whatever its work.
 
     python -m bench.paired_cpu new=/path/a old=/path/b [--rate 60] [--duration 6] [--repeats 3]
+
+A contender may also be another proxy run the same way, for a ratio taken side by side:
+`LABEL=@vllm-router:/path/to/vllm-router` or `LABEL=@nginx` (bench/real_pace.py's setups; nginx's
+CPU includes its worker process). With three contenders keep each one's rate lower (e.g. 60).
 """
 
 from __future__ import annotations
@@ -19,20 +23,44 @@ import asyncio
 import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 from bench.gateway_overhead import free_port, start, stop_all, wait_ok
-from bench.real_pace import Round, open_loop, pct
+from bench.real_pace import NGINX_CONF, Round, open_loop, pct
 
 
 def on_cpu_seconds(pid: int) -> float:
+    """Exact on-CPU time of `pid`'s threads and of its child processes' (nginx's worker)."""
     total = 0
-    for f in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+    pids = [pid]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            total += int(f.read_text().split()[0])
-        except OSError:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError):
             continue
+    for p in pids:
+        for f in Path(f"/proc/{p}/task").glob("*/schedstat"):
+            try:
+                total += int(f.read_text().split()[0])
+            except OSError:
+                continue
     return total / 1e9
+
+
+def command(spec: str, port: int, upstream: int, tmp: Path) -> str:
+    """The command line serving on `port` for a contender: a checkout's gateway, or @proxy."""
+    if spec.startswith("@nginx"):
+        (tmp / f"nginx-{port}.conf").write_text(NGINX_CONF.format(dir=tmp, up=upstream, port=port))
+        return f"nginx -p {tmp} -c {tmp}/nginx-{port}.conf -g 'daemon off;'"
+    if spec.startswith("@vllm-router"):
+        router = spec.partition(":")[2] or "vllm-router"
+        return (f"{router} --host 127.0.0.1 --port {port} --worker-urls http://127.0.0.1:{upstream}"
+                f" --policy round_robin --log-level warning --prometheus-port {free_port()}")
+    # From its own directory: `python -m` puts the working directory before PYTHONPATH.
+    return (f"env -C {spec} PYTHONPATH={spec} {sys.executable} -m gateway --host 127.0.0.1 "
+            f"--port {port} --backend http://127.0.0.1:{upstream} --log-level warning")
 
 
 async def _load(ports: list[int], rate: float, duration: float) -> list[Round]:
@@ -42,7 +70,9 @@ async def _load(ports: list[int], rate: float, duration: float) -> list[Round]:
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.paired_cpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkouts", nargs=2, metavar="LABEL=DIR", help="two gateway checkouts")
+    p.add_argument("checkouts", nargs="+", metavar="LABEL=DIR",
+                   help="gateway checkouts (or @vllm-router[:PATH], @nginx); ratios are of the "
+                        "first to each other")
     p.add_argument("--rate", type=float, default=60.0, help="requests/s to EACH gateway")
     p.add_argument("--duration", type=float, default=6.0, help="measured seconds per repeat")
     p.add_argument("--repeats", type=int, default=3)
@@ -56,19 +86,20 @@ def main() -> int:
     upstream = start(f"{sys.executable} -m bench.fake_upstream --port {up} --tokens 64 "
                      "--token-delay-s 0.02 --first-token-delay-s 0.1", "1")
     cpu: dict[str, list[float]] = {label: [] for label, _ in specs}
+    tmpdir = tempfile.TemporaryDirectory(prefix="paired-cpu-")
+    tmp = Path(tmpdir.name)
     try:
         wait_ok(f"http://127.0.0.1:{up}/health")
         for r in range(args.repeats):
             procs = []
             for _, path in specs:
                 port = free_port()
-                # From its own directory: `python -m` puts the working directory before PYTHONPATH.
-                procs.append((start(f"env -C {path} PYTHONPATH={path} {sys.executable} -m gateway "
-                                    f"--host 127.0.0.1 --port {port} --backend "
-                                    f"http://127.0.0.1:{up} --log-level warning", "0"), port))
+                procs.append((start(command(path, port, up, tmp), "0"), port))
             try:
-                for _, port in procs:
-                    wait_ok(f"http://127.0.0.1:{port}/ready", 30)
+                for (_, path), (_, port) in zip(specs, procs, strict=True):
+                    # nginx and the router answer /health by proxying it: the path works.
+                    wait_ok(f"http://127.0.0.1:{port}/" + ("health" if path[0] == "@" else "ready"),
+                            30)
                 ports = [port for _, port in procs]
                 asyncio.run(_load(ports, args.rate, 1.5))  # warm: pools, adaptive limits
                 before = [on_cpu_seconds(proc.pid) for proc, _ in procs]
@@ -84,11 +115,14 @@ def main() -> int:
                 stop_all([proc for proc, _ in procs])
     finally:
         stop_all([upstream])
-    (a, _), (b, _) = specs
-    pairs = [x / y for x, y in zip(cpu[a], cpu[b], strict=True)]
+        tmpdir.cleanup()
+    a = specs[0][0]
     print(f"\n{args.rate:.0f} req/s to each, {args.duration:.0f} s x {args.repeats}: CPU/req "
-          f"{a} {statistics.median(cpu[a]):.0f} us, {b} {statistics.median(cpu[b]):.0f} us; "
-          f"paired ratios {a}/{b} " + " ".join(f"{x:.3f}" for x in pairs))
+          + ", ".join(f"{label} {statistics.median(cpu[label]):.0f} us" for label, _ in specs))
+    for b, _ in specs[1:]:
+        pairs = [x / y for x, y in zip(cpu[a], cpu[b], strict=True)]
+        print(f"paired ratios {a}/{b} " + " ".join(f"{x:.3f}" for x in pairs)
+              + f" (median {statistics.median(pairs):.3f})")
     return 0
 
 
