@@ -76,6 +76,9 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=60.0, help="requests/s to EACH gateway")
     p.add_argument("--duration", type=float, default=6.0, help="measured seconds per repeat")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--gap-ms", type=float, default=20.0,
+                   help="upstream's time between tokens (0: each answer in one burst)")
+    p.add_argument("--ttft-ms", type=float, default=100.0, help="upstream's time to first token")
     args = p.parse_args()
     specs = [c.partition("=")[::2] for c in args.checkouts]
     import uvloop
@@ -84,7 +87,8 @@ def main() -> int:
     os.sched_setaffinity(0, {1})
     up = free_port()
     upstream = start(f"{sys.executable} -m bench.fake_upstream --port {up} --tokens 64 "
-                     "--token-delay-s 0.02 --first-token-delay-s 0.1", "1")
+                     f"--token-delay-s {args.gap_ms / 1e3} --first-token-delay-s "
+                     f"{args.ttft_ms / 1e3}", "1")
     cpu: dict[str, list[float]] = {label: [] for label, _ in specs}
     tmpdir = tempfile.TemporaryDirectory(prefix="paired-cpu-")
     tmp = Path(tmpdir.name)
@@ -117,7 +121,8 @@ def main() -> int:
         stop_all([upstream])
         tmpdir.cleanup()
     a = specs[0][0]
-    print(f"\n{args.rate:.0f} req/s to each, {args.duration:.0f} s x {args.repeats}: CPU/req "
+    print(f"\n{args.rate:.0f} req/s to each, 64 tokens {args.gap_ms:g} ms apart, "
+          f"{args.duration:.0f} s x {args.repeats}: CPU/req "
           + ", ".join(f"{label} {statistics.median(cpu[label]):.0f} us" for label, _ in specs))
     for b, _ in specs[1:]:
         pairs = [x / y for x, y in zip(cpu[a], cpu[b], strict=True)]

@@ -71,9 +71,22 @@ class _Conn(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._error = f"malformed response from the replica: {exc}"
             self.abort()
+        sink = self._sink
+        if sink is not None and self._chunks:
+            # Push mode: what this read carried, as one chunk (one downstream write per upstream
+            # read, however many SSE events a burst packed into it).
+            chunks = self._chunks
+            self._chunks = []
+            self._buffered = 0
+            d = self.deadline
+            if d is not None:
+                d.last = self._loop.time()
+            if not sink(chunks[0] if len(chunks) == 1 else b"".join(chunks)):
+                self._sink = sink = None
+                self._sink_stopped = True
         # In push mode the reader sleeps through the stream: wake it only when the sink stopped
         # (it is then unset) or the body ended or failed.
-        if self._sink is None or self._complete or self._error is not None:
+        if sink is None or self._complete or self._error is not None:
             self._wake()
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
@@ -89,16 +102,6 @@ class _Conn(asyncio.Protocol):
             self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        sink = self._sink
-        if sink is not None:
-            d = self.deadline
-            if d is not None:
-                d.last = self._loop.time()
-            if not sink(body):
-                # Chunks later in this same read queue up for the reader, as in pull mode.
-                self._sink = None
-                self._sink_stopped = True
-            return
         self._chunks.append(body)
         self._buffered += len(body)
 

@@ -219,3 +219,32 @@ async def test_push_times_out_on_an_idle_gap(server: str, transport) -> None:
         await resp.push(lambda chunk: got.append(chunk) is None)
     assert len(got) == 4
     await t.close()
+
+
+async def test_push_hands_over_one_read_as_one_chunk() -> None:
+    # Three chunked-encoding chunks (SSE events) in one upstream write reach the sink as one
+    # chunk: one downstream write per upstream read, as the pull path's readany joins them.
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        await r.readexactly(2)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(b"9\r\ndata: a\n\n\r\n" * 3)
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(b"0\r\n\r\n")
+        await w.drain()
+        w.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    t = H1Transport(Timeouts(connect_s=1, first_byte_s=5, idle_s=5, total_s=10))
+    resp = await t.post(f"http://127.0.0.1:{port}/x", b"{}", {}, streaming=True)
+    got: list[bytes] = []
+    await resp.push(lambda chunk: got.append(chunk) is None)
+    assert got == [b"data: a\n\n" * 3]
+    resp.release()
+    await t.close()
+    srv.close()
+    await srv.wait_closed()
