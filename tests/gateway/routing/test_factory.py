@@ -66,3 +66,13 @@ def test_policy_per_model_pool_from_settings() -> None:
     llama, qwen = policy_for("llama"), policy_for("qwen")
     assert llama.uses_affinity and not qwen.uses_affinity
     assert policy_for("llama") is not llama  # one object per pool, each with its own state
+
+
+def test_prefix_affinity_is_the_default_and_least_outstanding_one_setting_away() -> None:
+    # The default changed on the issue-12 benchmark (docs/routing.md); the old one stays one
+    # setting away.
+    default = build_router(GatewaySettings(), NoProber())._policy_for
+    old = build_router(GatewaySettings(routing_policy="least_outstanding"), NoProber())._policy_for
+    assert default is not None and old is not None
+    assert type(default("m")).__name__ == "PrefixAffinity" and default("m").uses_affinity
+    assert not old("m").uses_affinity

@@ -447,3 +447,32 @@ async def test_policy_per_pool_and_an_engine_restart_forgets_its_cache() -> None
         assert set(stats) == {"llama"} and stats["llama"][0] == 1
     finally:
         await router.stop()
+
+
+async def test_a_draining_engine_forgets_its_cache_like_a_failed_probe() -> None:
+    # A worker's 'draining' 503 (a rolling restart) takes it out before its probe fails; the
+    # engine that comes back has an empty cache, so what was learnt about it must count as a miss.
+    from gateway.routing.affinity import PrefixAffinity
+    from gateway.routing.policy import RouteRequest
+
+    prober = FakeProber({A: ["llama"], B: ["llama"]})
+    policy = PrefixAffinity()
+    router = Router(Static([A, B]), prober, LeastOutstanding(), health_interval_s=3600,
+                    eject_after_failures=1, eject_for_s=10, policy_for=lambda _: policy)
+    await router.start()
+    try:
+        assert await router.wait_ready(2)
+        await settle(router, lambda: router.models() == ["llama"])
+        prompt = b"system prompt " * 200
+        home = router.pick("llama", (), RouteRequest("llama", None, prompt))
+        assert home is not None
+        assert router.pick("llama", (), RouteRequest("llama", None, prompt + b"x")) is home
+        assert policy.stats.hits == 1
+        router.report_draining(home)
+        assert not home.available(router._clock())
+        await router.probe_all()  # its probe passes again: back in, with a new cache life
+        assert home.available(router._clock())
+        router.pick("llama", (), RouteRequest("llama", None, prompt + b"xy"))
+        assert policy.stats.hits == 1 and policy.stats.misses == 2
+    finally:
+        await router.stop()
