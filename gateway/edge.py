@@ -120,10 +120,31 @@ class ChunkWriter:
         self.transport = cycle.transport
         self.lost: Callable[[], None] | None = None  # the proxy's hang-up callback
 
-    def usable(self) -> bool:
+    def done(self) -> bool:
+        return bool(self._cycle.response_complete)
+
+    def can_start(self) -> bool:
         c = self._cycle
-        return bool(c.response_started and c.chunked_encoding and not c.response_complete
-                    and not c.disconnected and c.scope["method"] != "HEAD")
+        return not (c.response_started or c.disconnected or c.scope["method"] == "HEAD")
+
+    def start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        # What the cycle's `send` does for a response head without Content-Length (uvicorn 0.5x,
+        # httptools_impl.RequestResponseCycle.send), less the per-header regex checks, which
+        # guard app-supplied headers and these are the proxy's own; then the body's first chunk.
+        # The gateway runs without uvicorn's access log, which `send` would also write.
+        c = self._cycle
+        c.response_started = True
+        c.waiting_for_100_continue = False
+        c.chunked_encoding = True
+        content = [STATUS_LINE[status]]
+        for name, value in (*c.default_headers, *headers):
+            content += (name, b": ", value, b"\r\n")
+        if not c.keep_alive:
+            content.append(b"connection: close\r\n")
+        content.append(b"transfer-encoding: chunked\r\n\r\n%x\r\n" % len(body))
+        content += (body, b"\r\n")
+        self.transport.write(b"".join(content))
+        return not self.flow.write_paused
 
 
 class EdgeProtocol(HttpToolsProtocol):
@@ -150,7 +171,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._body_at = 0.0  # loop time of the last body read (or of the end of the head)
         self._refused = False
         self._linger_room = 0
-        self._writer: ChunkWriter | None = None  # the current request's, offered to the proxy
+        self._writers: list[ChunkWriter] = []  # offered to the proxy, one per request
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -166,9 +187,9 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
-        writer = self._writer
-        if writer is not None and writer.lost is not None:
-            writer.lost()  # the proxy's request, still running: cancel it
+        for writer in self._writers:
+            if writer.lost is not None:
+                writer.lost()  # a proxied request still running: cancel it
 
     def data_received(self, data: bytes) -> None:
         if self._refused:  # lingering: drop what the client still sends, up to a point
@@ -253,8 +274,11 @@ class EdgeProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # None/stale: refused or upgraded
             # The app task has not run yet: the writer is in its scope before its first look.
-            self._writer = ChunkWriter(cycle)
-            self.scope[WRITER_KEY] = self._writer  # type: ignore[literal-required]
+            writer = ChunkWriter(cycle)
+            self.scope[WRITER_KEY] = writer  # type: ignore[literal-required]
+            # Pipelined requests queue behind the one running: each may need telling.
+            self._writers = [w for w in self._writers if not w.done()]
+            self._writers.append(writer)
 
     def on_body(self, body: bytes) -> None:
         self._body_at = self.loop.time()

@@ -333,7 +333,18 @@ class ProxyEndpoint:
         if pool is not None and d.flow is not None:
             # The engine's own TTFT (dispatch -> first event): what the adaptive limit steers.
             pool.sample(d.flow.clock() - dispatched, dispatched)
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        writer = ex.writer
+        fast = writer is not None and not relay.saw_done and writer.can_start()
+        if fast:
+            # The fast lane (api/splice.py): the head and the first events leave in one write, the
+            # rest from the upstream read callback. The head skips the middleware's `send`
+            # wrapper, so the request id header is added here, as RequestIdMiddleware would.
+            assert writer is not None
+            headers = (_SSE_HEADERS if ex.rid == "-"
+                       else [*_SSE_HEADERS, (b"x-request-id", ex.rid.encode("latin-1"))])
+            blocked = not writer.start(200, headers, first)
+        else:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         ex.head_sent = True
 
         # The chunk that carries [DONE] ends the response (more_body=False) at once: a client
@@ -347,13 +358,11 @@ class ProxyEndpoint:
         now = loop.time
         gaps: list[float] = [0.0] * (first.count(b"\n\n") - 1)
         last = started + ttft
-        writer = ex.writer
         try:
             out = first
-            if writer is not None and writer.usable() and not relay.saw_done:
-                # The fast lane (api/splice.py): chunks written from the upstream read callback.
+            if fast:
+                assert writer is not None
                 splice = Splice(relay, writer, gaps, last, now)
-                blocked = not splice.write(out)
                 while True:
                     if blocked:
                         await writer.flow.drain()

@@ -8,11 +8,12 @@ and the chunked framing. Here the upstream transport's parser callback hands eac
 `write` per event, with the proxy's task asleep until the stream ends (bench/paired_cpu.py; figures
 in docs/benchmarks.md).
 
-The response head, the final event (`[DONE]`, sent with `more_body=False`) and any in-band error
-still go through ASGI `send`, so the server's own bookkeeping (keep-alive, response completion,
-access log) stays whole. The lane is only taken when the server offers a `ClientWriter` in the
-scope (the gateway's edge protocol does; a test client or another server does not) and the
-response is chunked; otherwise the relay pulls chunks and sends them through ASGI as before.
+The head leaves with the first events in one write (`ClientWriter.start`, which also marks the
+response started in the server's books). The final event (`[DONE]`, sent with `more_body=False`)
+and any in-band error still go through ASGI `send`, so the server's own bookkeeping (keep-alive,
+response completion) stays whole. The lane is only taken when the server offers a `ClientWriter`
+in the scope (the gateway's edge protocol does; a test client or another server does not);
+otherwise the relay pulls chunks and sends them through ASGI as before.
 """
 
 from __future__ import annotations
@@ -48,8 +49,14 @@ class ClientWriter(Protocol):
     # Called by the server when the client's connection drops (set by the proxy per request).
     lost: Callable[[], None] | None
 
-    def usable(self) -> bool:
-        """The head was sent, the body is chunked and not complete: direct writes are valid."""
+    def can_start(self) -> bool:
+        """No response started yet on a live connection, and not to a HEAD request."""
+        ...
+
+    def start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Write the head of a chunked response and its first chunk of body in one write (the
+        server's own default headers included); the response is then the server's as if sent
+        through ASGI. False when the client's buffer is full (wait on `flow.drain()`)."""
         ...
 
 
@@ -77,13 +84,6 @@ class Splice:
         self.last = last
         self.final = b""
         self.blocked = False
-
-    def write(self, out: bytes) -> bool:
-        """Frame and write `out`; False when the client's buffer is full (then wait on drain)."""
-        if self._closing():
-            return True  # as uvicorn's send: dropped; the disconnect cancels the relay
-        self._write(b"%x\r\n%b\r\n" % (len(out), out))
-        return not self._flow.write_paused
 
     def __call__(self, chunk: bytes) -> bool:
         # SseRelay.feed's common case inlined (whole events, no usage, not the end): the same four

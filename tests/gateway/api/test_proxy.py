@@ -290,6 +290,26 @@ def test_client_disconnect_before_the_first_token_closes_the_upstream(
         assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
 
 
+def test_client_disconnect_with_a_pipelined_request_behind_closes_the_upstream(
+    upstreams: UpstreamFactory,
+) -> None:
+    # Two requests in one write: the second waits in uvicorn's pipeline while the first streams.
+    # The hang-up must reach the first (running) one, not only the newest request on the line.
+    up = upstreams(token_delay_s=0.05)
+    with run_gateway(backends=[url_of(up)]) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        body = json.dumps({**CHAT, "max_tokens": 200, "stream": True}).encode()
+        req = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+               b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(req + req)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        deadline = time.monotonic() + 3
+        while up.aborted == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert up.aborted == 1 and up.completions == 1  # the second never reached the upstream
+
+
 def test_terminator_after_done_in_a_later_read_keeps_the_upstream_connection(
     upstreams: UpstreamFactory,
 ) -> None:

@@ -162,12 +162,17 @@ def test_fast_lane_and_asgi_relay_give_the_same_stream(
     seen = {}
     for edge in (True, False):
         with run_gateway(backends=[url_of(up)], edge=edge) as gw:
-            text = httpx.post(gw.url + "/v1/chat/completions", json=body).text
-            seen[edge] = ([e for e in text.split("\n\n") if e.strip()],
+            r = httpx.post(gw.url + "/v1/chat/completions", json=body,
+                           headers={"x-request-id": "abc-123"})
+            # The fast lane writes the head itself: the same headers as uvicorn's send writes
+            # (its date and server too), the request id echoed as RequestIdMiddleware does.
+            head = sorted((k, v) for k, v in r.headers.items() if k != "date")
+            seen[edge] = ([e for e in r.text.split("\n\n") if e.strip()], head,
                           gw.metric("llmserve_itl_seconds_count"),
                           gw.metric("llmserve_output_tokens_total"))
     assert seen[True] == seen[False]
-    events, itl, tokens = seen[True]
+    events, head, itl, tokens = seen[True]
+    assert ("x-request-id", "abc-123") in head and ("transfer-encoding", "chunked") in head
     assert events[-1] == "data: [DONE]"
     assert any('"usage"' in e for e in events) is usage
     assert (itl, tokens) == (6, 5)
