@@ -10,10 +10,11 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.auth import AuthMiddleware
+from gateway.api.deps import ProxyDeps
 from gateway.api.inflight import InFlight
 from gateway.api.middleware import BodyLimitMiddleware, InFlightMiddleware, RequestIdMiddleware
 from gateway.api.openapi import openapi_schema
-from gateway.api.proxy import ProxyDeps, ProxyEndpoint, make_upstream_call
+from gateway.api.proxy import ProxyEndpoint, make_upstream_call
 from gateway.api.routes import build_routes
 from gateway.errors import MethodNotAllowed, install_handlers, send_error
 from gateway.flow.admission import Admission

@@ -15,58 +15,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.api.inflight import DRAIN_EXPIRED, Exchange, InFlight
+from gateway.api.accounting import count_usage, log_failure
+from gateway.api.deps import ProxyDeps
+from gateway.api.inflight import DRAIN_EXPIRED, Exchange
 from gateway.api.schemas import Kind, ParsedRequest, parse_request
-from gateway.api.splice import WRITER_KEY, ClientWriter, Splice
-from gateway.api.sse import SseRelay
+from gateway.api.splice import WRITER_KEY, ClientWriter
+from gateway.api.stream import relay_stream
 from gateway.errors import (
     GatewayError,
     ModelNotFound,
-    RateLimitedLog,
     Unavailable,
     UpstreamFailed,
     normalize_upstream_error,
     send_error,
     sse_error_event,
 )
-from gateway.flow.admission import Admission, Pool
+from gateway.flow.admission import Pool
 from gateway.flow.batcher import Batcher, UpstreamCall, batch_key
 from gateway.flow.tenants import Tenant
-from gateway.metrics import GatewayMetrics
 from gateway.routing.backend import Backend
 from gateway.routing.policy import RouteRequest
 from gateway.routing.router import Router
-from gateway.settings import GatewaySettings
-from gateway.transport.base import Transport, UpstreamResponse
+from gateway.transport.base import UpstreamResponse
 from gateway.usage import usage_counts
 
 log = logging.getLogger("gateway.proxy")
 
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
-
 
 class ClientGone(Exception):
     """The client disconnected; nothing more can be sent."""
-
-
-@dataclass(slots=True)
-class ProxyDeps:
-    settings: GatewaySettings
-    router: Router
-    transport: Transport
-    metrics: GatewayMetrics
-    flow: Admission | None = None
-    batcher: Batcher | None = None
-    inflight: InFlight = field(default_factory=InFlight)
 
 
 async def read_body(receive: Receive) -> bytes:
@@ -220,7 +201,7 @@ class ProxyEndpoint:
             label = model if d.router.knows_model(model) else "unknown"
             d.metrics.requests.labels(label, "", str(last_error.status)).inc()
         else:
-            _log_failure(ex, last_error)
+            log_failure(ex, last_error)
         await send_error(send, last_error)
 
     async def _batched(
@@ -232,7 +213,7 @@ class ProxyEndpoint:
             result = await batcher.submit(req.model, req.body, key)
         except GatewayError as exc:
             self._d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
-            _log_failure(ex, exc)
+            log_failure(ex, exc)
             await send_error(send, exc)
             return
         body = result.body
@@ -246,7 +227,7 @@ class ProxyEndpoint:
             # A whole answer has no first token to time: E2E only, never TTFT.
             now = asyncio.get_running_loop().time()
             m.e2e.labels(req.model).observe(now - started)
-            _count_usage(m, req.model, tenant, (result.prompt_tokens, result.completion_tokens)
+            count_usage(m, req.model, tenant, (result.prompt_tokens, result.completion_tokens)
                          if result.usage_known else None)
 
     async def _attempt(
@@ -280,7 +261,7 @@ class ProxyEndpoint:
                 d.metrics.requests.labels(req.model, backend.url, str(resp.status)).inc()
                 return
             if req.stream:
-                await self._relay_stream(backend, req, resp, send, ex, pool, tenant, dispatched)
+                await relay_stream(self._d, backend, req, resp, send, ex, pool, tenant, dispatched)
             else:
                 await self._relay_whole(backend, req, resp, send, ex.started, tenant, pool,
                                         dispatched)
@@ -308,150 +289,10 @@ class ProxyEndpoint:
         except orjson.JSONDecodeError:
             obj = None
         counts = usage_counts(obj.get("usage")) if isinstance(obj, dict) else None
-        _count_usage(m, req.model, tenant, counts)
+        count_usage(m, req.model, tenant, counts)
         if pool is not None and counts is not None:
             # The other request class: the whole latency, judged per generated token.
             pool.sample_whole(done - dispatched, counts[1], dispatched)
-
-    async def _relay_stream(
-        self, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
-        ex: Exchange, pool: Pool | None, tenant: Tenant | None, dispatched: float,
-    ) -> None:
-        d = self._d
-        started = ex.started
-        loop = asyncio.get_running_loop()
-        relay = SseRelay(strip_usage=not req.client_wants_usage)
-        # Hold the head until the first real bytes: until then a failure may still be retried.
-        first = b""
-        while not first:
-            chunk = await resp.readany()
-            if not chunk:
-                raise UpstreamFailed("replica closed the stream before its first event")
-            first = relay.feed(chunk)
-        d.router.report_success(backend)
-        ttft = loop.time() - started
-        if pool is not None and d.flow is not None:
-            # The engine's own TTFT (dispatch -> first event): what the adaptive limit steers.
-            pool.sample(d.flow.clock() - dispatched, dispatched)
-        writer = ex.writer
-        fast = writer is not None and not relay.saw_done and writer.can_start()
-        if fast:
-            # The fast lane (api/splice.py): the head and the first events leave in one write, the
-            # rest from the upstream read callback. The head skips the middleware's `send`
-            # wrapper, so the request id header is added here, as RequestIdMiddleware would.
-            assert writer is not None
-            headers = (_SSE_HEADERS if ex.rid == "-"
-                       else [*_SSE_HEADERS, (b"x-request-id", ex.rid.encode("latin-1"))])
-            blocked = not writer.start(200, headers, first)
-        else:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        ex.head_sent = True
-
-        # The chunk that carries [DONE] ends the response (more_body=False) at once: a client
-        # that hangs up right after [DONE] must count as served, not as a disconnect.
-        complete = False
-        status = "200"
-        readany = resp.readany
-        feed = relay.feed
-        # ITL: one gap per event after the first, stamped when its chunk arrived; events that
-        # arrive together get 0. Observed once at the end, never per event (see StreamHistogram).
-        now = loop.time
-        gaps: list[float] = [0.0] * (first.count(b"\n\n") - 1)
-        last = started + ttft
-        try:
-            out = first
-            if fast:
-                assert writer is not None
-                splice = Splice(relay, writer, gaps, last, now)
-                while True:
-                    if blocked:
-                        await writer.flow.drain()
-                    splice.blocked = False
-                    await resp.push(splice)
-                    if relay.saw_done:
-                        out = splice.final
-                        break
-                    if not splice.blocked:
-                        raise UpstreamFailed("replica ended the stream without [DONE]")
-                    blocked = True
-            while not relay.saw_done:
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-                out = b""
-                while not out:
-                    chunk = await readany()
-                    if not chunk:
-                        raise UpstreamFailed("replica ended the stream without [DONE]")
-                    out = feed(chunk)
-                t = now()
-                gaps.append(t - last)
-                last = t
-                extra = out.count(b"\n\n") - 1  # a C scan of a short chunk
-                if extra > 0:
-                    gaps += [0.0] * extra
-            await send({"type": "http.response.body", "body": out + relay.flush(),
-                        "more_body": False})
-            complete = ex.responded = True
-            # Read the chunked-encoding terminator so the connection goes back to the pool.
-            while await readany():
-                pass
-            resp.release()
-        except GatewayError as exc:
-            resp.close()
-            if complete:
-                return
-            # Past the first byte there is no retry: end the stream with one in-band error event.
-            d.router.report_failure(backend)
-            _log_failure(ex, exc)
-            status = str(exc.status)
-            await send({"type": "http.response.body", "body": sse_error_event(exc),
-                        "more_body": False})
-        except BaseException:
-            if not complete:
-                # The drain's timeout, or the client closed the request (disconnect cancels this
-                # task).
-                status = "503" if ex.expired else "499"
-            raise
-        finally:
-            m = d.metrics
-            e2e = loop.time() - started
-            m.ttft.labels(req.model).observe(ttft)
-            m.e2e.labels(req.model).observe(e2e)
-            if relay.saw_done:
-                # vllm bench serve counts no gap for [DONE] nor the usage-only event: both come
-                # last, so they are the last entries.
-                del gaps[max(0, len(gaps) - (2 if req.client_wants_usage else 1)):]
-            m.itl.observe_many(req.model, gaps)
-            if relay.completion_tokens > 1:
-                m.tpot.labels(req.model).observe((e2e - ttft) / (relay.completion_tokens - 1))
-            m.requests.labels(req.model, backend.url, status).inc()
-            if relay.usage_known:
-                _count_usage(m, req.model, tenant, (relay.prompt_tokens, relay.completion_tokens))
-            elif complete:  # a cut stream may just not have reached its usage yet
-                m.usage_invalid.labels(req.model).inc()
-
-
-# Why a client saw a 502/504: which replica, what it said. Rate-limited: a failing replica under
-# load would otherwise write a line per request.
-_failures = RateLimitedLog(log)
-
-
-def _log_failure(ex: Exchange, exc: GatewayError) -> None:
-    if exc.status >= 500:
-        _failures.warning("request %s: %s", ex.rid, exc.message)
-
-
-def _count_usage(
-    m: GatewayMetrics, model: str, tenant: Tenant | None, counts: tuple[int, int] | None
-) -> None:
-    """Count an answer's tokens, or, when its usage was missing or malformed, only that."""
-    if counts is None:
-        m.usage_invalid.labels(model).inc()
-        return
-    m.input_tokens.labels(model).inc(counts[0])
-    m.output_tokens.labels(model).inc(counts[1])
-    if tenant is not None:
-        tenant.used(*counts)
-
 
 def _route_request(req: ParsedRequest, scope: Scope, session_header: bytes) -> RouteRequest:
     """What an affinity policy routes by: an explicit session key (header, else the OpenAI `user`

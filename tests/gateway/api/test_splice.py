@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from gateway.api import proxy
+from gateway.api import stream
 from gateway.api.splice import Splice
 from gateway.api.sse import SseRelay
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
@@ -127,7 +127,7 @@ def test_a_client_that_reads_slowly_gets_every_event(
                 stops.append(1)
             return going
 
-    monkeypatch.setattr(proxy, "Splice", CountingSplice)
+    monkeypatch.setattr(stream, "Splice", CountingSplice)
     n = 20_000
     up = upstreams()
     body = httpx.Request("POST", "http://x/v1/chat/completions",

@@ -1,0 +1,35 @@
+"""Per-request accounting shared by the proxy's answers: token counts and failure log lines."""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.api.inflight import Exchange
+from gateway.errors import GatewayError, RateLimitedLog
+from gateway.flow.tenants import Tenant
+from gateway.metrics import GatewayMetrics
+
+# The proxy's logger: these lines are about proxied requests.
+log = logging.getLogger("gateway.proxy")
+
+# Why a client saw a 502/504: which replica, what it said. Rate-limited: a failing replica under
+# load would otherwise write a line per request.
+_failures = RateLimitedLog(log)
+
+
+def log_failure(ex: Exchange, exc: GatewayError) -> None:
+    if exc.status >= 500:
+        _failures.warning("request %s: %s", ex.rid, exc.message)
+
+
+def count_usage(
+    m: GatewayMetrics, model: str, tenant: Tenant | None, counts: tuple[int, int] | None
+) -> None:
+    """Count an answer's tokens, or, when its usage was missing or malformed, only that."""
+    if counts is None:
+        m.usage_invalid.labels(model).inc()
+        return
+    m.input_tokens.labels(model).inc(counts[0])
+    m.output_tokens.labels(model).inc(counts[1])
+    if tenant is not None:
+        tenant.used(*counts)

@@ -1,0 +1,24 @@
+"""What the proxy endpoints share: settings, router, transport, metrics, flow control, batcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.api.inflight import InFlight
+from gateway.flow.admission import Admission
+from gateway.flow.batcher import Batcher
+from gateway.metrics import GatewayMetrics
+from gateway.routing.router import Router
+from gateway.settings import GatewaySettings
+from gateway.transport.base import Transport
+
+
+@dataclass(slots=True)
+class ProxyDeps:
+    settings: GatewaySettings
+    router: Router
+    transport: Transport
+    metrics: GatewayMetrics
+    flow: Admission | None = None
+    batcher: Batcher | None = None
+    inflight: InFlight = field(default_factory=InFlight)
