@@ -107,10 +107,12 @@ class _Refused(Exception):
 
 
 class ChunkWriter:
-    """What the proxy's streamed relay needs to write a body itself (api/splice.py's ClientWriter),
-    from one of uvicorn's request cycles. The head went out through the cycle's `send`; so will
-    the last chunk, which completes the response in uvicorn's books. In between, the relay writes
-    the chunked framing with the cycle's transport, exactly what `send` would have written."""
+    """What the proxy's streamed relay needs to write a response itself (api/splice.py's
+    ClientWriter), on one of uvicorn's request cycles: `start` writes the head and the first
+    events and marks the response started in the cycle; the relay then writes the chunked framing
+    with the cycle's transport, exactly what `send` would have written; the last chunk goes
+    through the cycle's `send`, which completes the response in uvicorn's books. `lost` is how
+    the edge tells the proxy that the client hung up (connection_lost)."""
 
     __slots__ = ("_cycle", "flow", "lost", "transport")
 

@@ -49,7 +49,7 @@ class _Conn(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self.got_bytes = False
         self.deadline: Deadline | None = None
-        # Push mode (`push`): body chunks go straight to this sink from the parser callback.
+        # Push mode (`push`): each read's body goes straight to this sink from data_received.
         self._sink: BodySink | None = None
         self._sink_stopped = False
 
