@@ -41,6 +41,18 @@ class Proc:
             start_new_session=True,
         )
 
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def note(self, line: str) -> None:
+        """Append a line of ours to the process's log (the same file it writes)."""
+        if not self._log.closed:
+            self._log.write(line.encode() + b"\n")
+            self._log.flush()
+
     @property
     def pid(self) -> int:
         return self.popen.pid

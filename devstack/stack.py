@@ -13,13 +13,28 @@ from pathlib import Path
 from devstack.procs import Proc
 
 
-def wait_http_ok(url: str, timeout_s: float, procs: list[Proc]) -> None:
-    """Poll `url` until it answers 200; fail fast if a process we depend on has died."""
+class Stalled(TimeoutError):
+    """A process we wait for wrote nothing to its log for too long: hung, not slow."""
+
+
+def wait_http_ok(url: str, timeout_s: float, procs: list[Proc],
+                 stall_s: float | None = None) -> None:
+    """Poll `url` until it answers 200; fail fast if a process we depend on has died, or (with
+    `stall_s`) if none of their logs has grown for that long."""
     deadline = time.monotonic() + timeout_s
+    sizes = [p.log_size() for p in procs]
+    moved = time.monotonic()
     while time.monotonic() < deadline:
         for p in procs:
             if not p.alive():
                 raise RuntimeError(f"{p.name} exited with {p.popen.returncode}:\n{p.tail()}")
+        if stall_s is not None:
+            now_sizes = [p.log_size() for p in procs]
+            if now_sizes != sizes:
+                sizes, moved = now_sizes, time.monotonic()
+            elif time.monotonic() - moved > stall_s:
+                names = ", ".join(p.name for p in procs)
+                raise Stalled(f"{url} not ready and {names} silent for {stall_s:.0f}s")
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
@@ -28,6 +43,11 @@ def wait_http_ok(url: str, timeout_s: float, procs: list[Proc]) -> None:
             pass
         time.sleep(1.0)
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s")
+
+
+# A vLLM-CPU start writes a line at least every ~100 s on a quiet machine (the longest gap is the
+# torch.compile warm-up); seven minutes of silence is a hang, even with the cores shared.
+STALL_S = 420.0
 
 
 # The gateway's default TTFT target (4 s, 1 s of it queueing) suits GPU engines. One vLLM-CPU
@@ -91,11 +111,26 @@ class LocalStack:
         # whole tree is SIGKILLed, so no engine outlives the old worker.
         self.worker_procs[i].stop(grace_s=self.drain_timeout_s + 15)
         self.worker_procs[i] = self._worker_proc(i)
-        wait_http_ok(self.worker_urls[i] + "/health", timeout_s, [self.worker_procs[i]])
+        self._wait_worker(i, timeout_s)
 
     def wait_workers(self, timeout_s: float = 600) -> None:
-        for url in self.worker_urls:
-            wait_http_ok(url + "/health", timeout_s, self.worker_procs)
+        for i in range(self.workers):
+            self._wait_worker(i, timeout_s)
+
+    def _wait_worker(self, i: int, timeout_s: float) -> None:
+        """Until worker `i` is healthy. A start that hangs (its log silent for STALL_S: seen once
+        here, a restarted vLLM-CPU that never got past its config in 600 s) is killed and started
+        once more, as a Kubernetes startupProbe would; the log says so."""
+        url = self.worker_urls[i] + "/health"
+        try:
+            wait_http_ok(url, timeout_s, [self.worker_procs[i]], stall_s=STALL_S)
+        except Stalled as exc:
+            proc = self.worker_procs[i]
+            proc.note(f"devstack: {exc}; killing it and starting it again")
+            proc.kill_hard()
+            proc.stop(grace_s=5)
+            self.worker_procs[i] = self._worker_proc(i)
+            wait_http_ok(url, timeout_s, [self.worker_procs[i]], stall_s=STALL_S)
 
     def start_gateway(self) -> None:
         argv = [sys.executable, "-m", "gateway", "--host", self.host,
