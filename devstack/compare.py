@@ -26,14 +26,13 @@ from pathlib import Path
 
 import httpx
 
-from devstack.procs import Proc, process_table
+from devstack.procs import Proc, tree_cpu_seconds
 from devstack.stack import CPU_FLOW_ARGS, wait_http_ok
 from model_store.perfmodel import ensure_perf_model
 
 TP_NAME, PP_NAME = "perf-tp", "perf-pp"
 # The A/A report beside this one (run/compare/a-a/), as a link relative to tp-vs-pp/report.md.
 AA_LINK = str(Path("..", "a-a", "report.md"))
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -74,20 +73,6 @@ def start_pools(model: Path, logs: Path,
     pools = {"tp": [tp], "pp": [leader, follower]}
     urls = {"tp": f"http://127.0.0.1:{tp_port}", "pp": f"http://127.0.0.1:{pp_port}"}
     return pools, urls
-
-
-def tree_cpu_seconds(procs: list[Proc]) -> float:
-    """User + system CPU seconds of these processes and all their live descendants."""
-    children, stats = process_table()
-    total, todo, seen = 0.0, [p.pid for p in procs], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen or pid not in stats:
-            continue
-        seen.add(pid)
-        total += (int(stats[pid][11]) + int(stats[pid][12])) / TICKS  # utime, stime
-        todo.extend(children.get(pid, []))
-    return total
 
 
 def _load(url: str, model: str, stop: threading.Event, streams: int) -> None:

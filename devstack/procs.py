@@ -30,6 +30,23 @@ def process_table() -> tuple[dict[int, list[int]], dict[int, list[str]]]:
     return children, stats
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(procs: list[Proc]) -> float:
+    """User + system CPU seconds of these processes and all their live descendants."""
+    children, stats = process_table()
+    total, todo, seen = 0.0, [p.pid for p in procs], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid not in stats:
+            continue
+        seen.add(pid)
+        total += (int(stats[pid][11]) + int(stats[pid][12])) / TICKS  # utime, stime
+        todo.extend(children.get(pid, []))
+    return total
+
+
 class Proc:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.name = name

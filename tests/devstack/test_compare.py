@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from devstack.compare import append_setup, tree_cpu_seconds
-from devstack.procs import Proc
+from devstack.compare import append_setup
+from devstack.procs import Proc, tree_cpu_seconds
 
 
 @pytest.mark.slow

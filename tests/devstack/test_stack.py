@@ -13,6 +13,8 @@ from tests.ports import free_port
 
 SILENT = "import time; print('started', flush=True); time.sleep(30)"
 CHATTY = "import time\nwhile True:\n    print('compiling', flush=True); time.sleep(0.2)"
+# Compiles in silence: no log line, but CPU used all along (a start starved of CPU looks alike).
+BUSY = "print('started', flush=True)\nwhile True:\n    pass"
 
 
 def _proc(tmp_path: Path, code: str) -> Proc:
@@ -22,14 +24,15 @@ def _proc(tmp_path: Path, code: str) -> Proc:
 def test_a_start_whose_log_goes_silent_is_a_stall(tmp_path: Path) -> None:
     p = _proc(tmp_path, SILENT)
     try:
-        with pytest.raises(Stalled, match="engine silent for 1s"):
+        with pytest.raises(Stalled, match="engine silent and idle for 1s"):
             wait_http_ok(f"http://127.0.0.1:{free_port()}/health", 20, [p], stall_s=1.0)
     finally:
         p.stop(grace_s=2)
 
 
-def test_a_start_that_keeps_logging_is_only_slow(tmp_path: Path) -> None:
-    p = _proc(tmp_path, CHATTY)
+@pytest.mark.parametrize("code", [CHATTY, BUSY], ids=["logging", "silent-but-busy"])
+def test_a_start_that_logs_or_uses_cpu_is_only_slow(tmp_path: Path, code: str) -> None:
+    p = _proc(tmp_path, code)
     try:
         with pytest.raises(TimeoutError) as info:
             wait_http_ok(f"http://127.0.0.1:{free_port()}/health", 2.5, [p], stall_s=1.0)
