@@ -39,7 +39,8 @@ class WriteFlow(Protocol):
 
 
 class ClientWriter(Protocol):
-    """Raw body writes for a response whose head went out through ASGI (gateway/edge.py).
+    """A server's direct response writes for the proxy's streamed relay (gateway/edge.py): the
+    head with the first events (`start`), then raw chunks; the last chunk goes through ASGI.
 
     The Splice writes each framed chunk with `transport.write` itself and reads `flow.write_paused`
     after it: a method of this class in between would be one more Python call per event."""

@@ -37,9 +37,6 @@ class Writer:
             out.append(rest[:-2])
         return out
 
-    def usable(self) -> bool:
-        return True
-
     def is_closing(self) -> bool:
         return False
 
