@@ -55,6 +55,34 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+_TCP_LISTEN = "0A"  # the state column of /proc/net/tcp
+
+
+def tcp_sockets(pid: int, *, local_port: int | None = None,
+                remote_port: int | None = None) -> int:
+    """Open fds of `pid` that are TCP connections (listeners excluded) with the given local or
+    remote port on loopback, from /proc/PID/net/tcp (socket inode -> ports, state)."""
+    inodes: set[str] = set()
+    with open(f"/proc/{pid}/net/tcp") as fh:
+        next(fh)
+        for line in fh:
+            cols = line.split()
+            if cols[3] == _TCP_LISTEN:
+                continue
+            local, remote = (int(c.rsplit(":", 1)[1], 16) for c in cols[1:3])
+            if local_port in (None, local) and remote_port in (None, remote):
+                inodes.add(cols[9])
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            n += 1
+    return n
+
+
 # -- header bombs ------------------------------------------------------------------------------------
 
 def many_headers(count: int, per_piece: int = 65536) -> Iterator[bytes]:

@@ -63,8 +63,8 @@ def command(spec: str, port: int, upstream: int, tmp: Path) -> str:
             f"--port {port} --backend http://127.0.0.1:{upstream} --log-level warning")
 
 
-async def _load(ports: list[int], rate: float, duration: float) -> list[Round]:
-    return list(await asyncio.gather(*(open_loop(p, rate, duration, 64) for p in ports)))
+async def _load(ports: list[int], rate: float, duration: float, tokens: int) -> list[Round]:
+    return list(await asyncio.gather(*(open_loop(p, rate, duration, tokens) for p in ports)))
 
 
 def main() -> int:
@@ -79,6 +79,8 @@ def main() -> int:
     p.add_argument("--gap-ms", type=float, default=20.0,
                    help="upstream's time between tokens (0: each answer in one burst)")
     p.add_argument("--ttft-ms", type=float, default=100.0, help="upstream's time to first token")
+    p.add_argument("--tokens", type=int, default=64,
+                   help="tokens per answer (1: the per-request cost, nearly no per-event cost)")
     args = p.parse_args()
     specs = [c.partition("=")[::2] for c in args.checkouts]
     import uvloop
@@ -86,7 +88,7 @@ def main() -> int:
     uvloop.install()
     os.sched_setaffinity(0, {1})
     up = free_port()
-    upstream = start(f"{sys.executable} -m bench.fake_upstream --port {up} --tokens 64 "
+    upstream = start(f"{sys.executable} -m bench.fake_upstream --port {up} --tokens {args.tokens} "
                      f"--token-delay-s {args.gap_ms / 1e3} --first-token-delay-s "
                      f"{args.ttft_ms / 1e3}", "1")
     cpu: dict[str, list[float]] = {label: [] for label, _ in specs}
@@ -105,9 +107,10 @@ def main() -> int:
                     wait_ok(f"http://127.0.0.1:{port}/" + ("health" if path[0] == "@" else "ready"),
                             30)
                 ports = [port for _, port in procs]
-                asyncio.run(_load(ports, args.rate, 1.5))  # warm: pools, adaptive limits
+                # Warm: pools, adaptive limits.
+                asyncio.run(_load(ports, args.rate, 1.5, args.tokens))
                 before = [on_cpu_seconds(proc.pid) for proc, _ in procs]
-                outs = asyncio.run(_load(ports, args.rate, args.duration))
+                outs = asyncio.run(_load(ports, args.rate, args.duration, args.tokens))
                 for (label, _), (proc, _), c0, out in zip(specs, procs, before, outs, strict=True):
                     served = out.served
                     us = (on_cpu_seconds(proc.pid) - c0) / max(served, 1) * 1e6
@@ -121,7 +124,7 @@ def main() -> int:
         stop_all([upstream])
         tmpdir.cleanup()
     a = specs[0][0]
-    print(f"\n{args.rate:.0f} req/s to each, 64 tokens {args.gap_ms:g} ms apart, "
+    print(f"\n{args.rate:.0f} req/s to each, {args.tokens} tokens {args.gap_ms:g} ms apart, "
           f"{args.duration:.0f} s x {args.repeats}: CPU/req "
           + ", ".join(f"{label} {statistics.median(cpu[label]):.0f} us" for label, _ in specs))
     for b, _ in specs[1:]:

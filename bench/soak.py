@@ -31,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
-from bench.edge_attacks import fd_count, rss_mib
+from bench.edge_attacks import fd_count, rss_mib, tcp_sockets
 from bench.gateway_overhead import free_port, start, stop_all, wait_ok
 from bench.load import Conn, build_request
 
@@ -46,24 +46,8 @@ class Sample:
 
 
 def upstream_sockets(pid: int, port: int) -> int:
-    """Open fds of `pid` that are TCP connections to `port` on loopback (from /proc/PID/net/tcp:
-    socket inode -> remote port)."""
-    inodes: set[str] = set()
-    with open(f"/proc/{pid}/net/tcp") as fh:
-        next(fh)
-        for line in fh:
-            cols = line.split()
-            if int(cols[2].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
-    n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:[") and link[8:-1] in inodes:
-            n += 1
-    return n
+    """Open fds of `pid` that are TCP connections to `port` (the transport's keep-alive pool)."""
+    return tcp_sockets(pid, remote_port=port)
 
 
 @dataclass

@@ -37,6 +37,7 @@ from bench.edge_attacks import (
     many_headers,
     numbered_headers,
     rss_mib,
+    tcp_sockets,
 )
 from bench.fake_upstream import Behaviour, start_in_thread
 from gateway.edge import Edge
@@ -55,6 +56,7 @@ class Gateway:
     pid: int
     port: int
     probe: int
+    upstream: int
 
     @property
     def url(self) -> str:
@@ -71,14 +73,14 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def gateway_process(backend: str, *flags: str) -> Iterator[tuple[Gateway, subprocess.Popen[str]]]:
+def gateway_process(upstream_port: int, *flags: str) -> Iterator[tuple[Gateway, subprocess.Popen[str]]]:
     port, probe = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(port),
-         "--backend", backend, "--health-interval-s", "0.2", "--log-level", "warning",
+         "--backend", f"http://127.0.0.1:{upstream_port}", "--health-interval-s", "0.2", "--log-level", "warning",
          "--edge.probe-port", str(probe), *flags],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    gw = Gateway(proc.pid, port, probe)
+    gw = Gateway(proc.pid, port, probe, upstream_port)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -99,7 +101,7 @@ def gateway_process(backend: str, *flags: str) -> Iterator[tuple[Gateway, subpro
 @pytest.fixture(scope="module")
 def gw() -> Iterator[Gateway]:
     with start_in_thread(Behaviour()) as up, gateway_process(
-        f"http://127.0.0.1:{up.port}",
+        up.port,
         "--edge.head-timeout-s", str(HEAD_TIMEOUT_S), "--edge.body-timeout-s",
         str(BODY_TIMEOUT_S), "--edge.max-connections", str(MAX_CONNECTIONS),
         "--max-body-bytes", str(BODY_LIMIT),
@@ -186,7 +188,12 @@ def test_a_chunked_body_over_the_limit_is_cut_with_413(gw: Gateway) -> None:
 
 @pytest.mark.slow
 def test_floods_leave_the_probes_answering_and_are_closed_at_the_timeouts(gw: Gateway) -> None:
-    fds = fd_count(gw.pid)
+    def fds_but_upstream_pool() -> int:
+        # The upstream keep-alive pool may grow by a connection when health probes overlap
+        # (CI once saw 17 fds against 16): that is not the floods' doing, so it is left out.
+        return fd_count(gw.pid) - tcp_sockets(gw.pid, remote_port=gw.upstream)
+
+    fds = fds_but_upstream_pool()
     cap_refusals = gw.metric("llmserve_edge_events_total", 'reason="connection_cap"')
     health = Poller("127.0.0.1", gw.probe, interval_s=0.02)
     health.start()
@@ -214,9 +221,12 @@ def test_floods_leave_the_probes_answering_and_are_closed_at_the_timeouts(gw: Ga
     assert health.failures == 0, health.failures
     assert health.worst_ms < 250, health.worst_ms
     deadline = time.monotonic() + 5
-    while fd_count(gw.pid) > fds and time.monotonic() < deadline:
+    while (tcp_sockets(gw.pid, local_port=gw.port) or fds_but_upstream_pool() > fds) \
+            and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert fd_count(gw.pid) <= fds
+    # Every flood connection is closed on the gateway's side, and no other fd was left behind.
+    assert tcp_sockets(gw.pid, local_port=gw.port) == 0
+    assert fds_but_upstream_pool() <= fds
 
 
 def test_bad_requests_get_openai_json(gw: Gateway) -> None:
@@ -238,7 +248,7 @@ def test_the_probe_port_answers_through_the_drain() -> None:
     """The API listener closes at SIGTERM; the probe listener stays until the drain is over, so
     the kubelet reads /ready 503 (and /health 200), not a refused connection."""
     with start_in_thread(Behaviour(token_delay_s=0.05)) as up, gateway_process(
-        f"http://127.0.0.1:{up.port}", "--drain-timeout-s", "10",
+        up.port, "--drain-timeout-s", "10",
     ) as (gw, proc):
         done: dict[str, str] = {}
 
