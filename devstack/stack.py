@@ -22,10 +22,16 @@ def _progress(procs: list[Proc]) -> list[tuple[int, float]]:
     return [(p.log_size(), tree_cpu_seconds([p])) for p in procs]
 
 
+# A start that makes progress uses at least this share of a core. The worker's launcher polls
+# while vLLM starts (about 0.1 s of CPU in 5 min), so "any CPU at all" let a vLLM stuck in the
+# kernel under a live launcher pass for a slow start: seen for 18 minutes in a rolling restart.
+STALL_CPU_SHARE = 0.01
+
+
 def wait_http_ok(url: str, timeout_s: float, procs: list[Proc],
-                 stall_s: float | None = None) -> None:
+                 stall_s: float | None = None, cpu_share: float = STALL_CPU_SHARE) -> None:
     """Poll `url` until it answers 200; fail fast if a process we depend on has died, or (with
-    `stall_s`) if none of them has logged a byte or used CPU for that long."""
+    `stall_s`) if none of them has logged a byte or used `cpu_share` of a core for that long."""
     deadline = time.monotonic() + timeout_s
     seen = _progress(procs) if stall_s is not None else []
     moved = time.monotonic()
@@ -35,7 +41,8 @@ def wait_http_ok(url: str, timeout_s: float, procs: list[Proc],
                 raise RuntimeError(f"{p.name} exited with {p.popen.returncode}:\n{p.tail()}")
         if stall_s is not None:
             now = _progress(procs)
-            if now != seen:
+            if any(log != log0 or cpu - cpu0 >= stall_s * cpu_share
+                   for (log, cpu), (log0, cpu0) in zip(now, seen, strict=True)):
                 seen, moved = now, time.monotonic()
             elif time.monotonic() - moved > stall_s:
                 names = ", ".join(p.name for p in procs)
@@ -125,9 +132,10 @@ class LocalStack:
     def _wait_worker(self, i: int, timeout_s: float) -> None:
         """Until worker `i` is healthy. A start that hangs (no log line and no CPU used for
         STALL_S) is killed and started once more, as a Kubernetes startupProbe would; the log says
-        so. A start that is only starved of CPU is waited for: restarting it would not help. (Seen
-        here: a restarted vLLM-CPU whose engine-core child got 2 s of CPU in its first 6.5 min
-        beside the serving replica's busy engine, then 50% of a core.)"""
+        so. A start that is only slow, starved of CPU by its neighbours, is waited for. (Seen here:
+        a restarted vLLM-CPU stuck for 18 min in the kernel's affinity change that torch's MKL
+        makes at import, with 0.28 s of CPU; worker/startup_cpus.py now keeps that from happening,
+        and this catches it if something else ever does the same.)"""
         url = self.worker_urls[i] + "/health"
         try:
             wait_http_ok(url, timeout_s, [self.worker_procs[i]], stall_s=STALL_S)

@@ -33,6 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -42,10 +43,13 @@ from worker.argv import Command
 from worker.drain import DRAIN_FILE_ENV
 from worker.model_checks import check_layout, read_model_shape
 from worker.settings import WorkerSettings
+from worker.startup_cpus import release, startup_cpus
 
 logger = logging.getLogger("worker")
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# How often the launcher asks a vLLM started on its own cores whether it serves yet.
+STARTUP_POLL_S = 1.0
 # After SIGKILL the kernel needs a moment to tear processes down; this only bounds that wait.
 KILL_GRACE_S = 10.0
 # After the request drain, vLLM's own teardown (engine core, workers) takes a few seconds; a drain
@@ -144,6 +148,19 @@ def _loopback(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def _cpus(cpus: frozenset[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def _serves(url: str) -> bool:
+    """The API server answers 200 on /health."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def _in_flight(url: str) -> int | None:
     """The drain middleware's count of requests in flight, from its 503 on /health; None when the
     server is unreachable or not draining (no middleware behind it)."""
@@ -181,6 +198,9 @@ class Launcher:
         # The flag file that turns the API server's drain middleware on (worker.drain).
         self._drain_dir: tempfile.TemporaryDirectory[str] | None = None
         self.drain_file: Path | None = None
+        # The CPUs vLLM was started on (worker.startup_cpus), until it serves; then None.
+        self.startup_cpus: frozenset[int] | None = None
+        self._allowed = frozenset(os.sched_getaffinity(0))
 
     def run(self) -> int:
         with self.capture_signals():
@@ -235,17 +255,36 @@ class Launcher:
             # as this launcher's, whatever the working directory.
             here = str(Path(__file__).resolve().parents[1])
             env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+        # On its bind cores until it serves (worker.startup_cpus: torch's MKL otherwise moves each
+        # vLLM process onto every CPU at import, and a move onto another engine's busy core was
+        # seen to hang for minutes). Only a leader has the /health that says it serves.
+        self.startup_cpus = (startup_cpus(env.get("VLLM_CPU_OMP_THREADS_BIND"), self._allowed)
+                             if self.settings.device == "cpu" and self.settings.is_leader
+                             else None)
+        # Set in the child between fork and exec: the launcher has no other thread to upset.
+        pin = (partial(os.sched_setaffinity, 0, self.startup_cpus)
+               if self.startup_cpus is not None else None)
         try:
-            self.process = subprocess.Popen(self.command.argv, env=env, start_new_session=True)
+            self.process = subprocess.Popen(self.command.argv, env=env, start_new_session=True,
+                                            preexec_fn=pin)  # noqa: PLW1509 - no threads here
         except OSError as exc:
             raise EngineStartError(f"cannot start {self.command.argv[0]!r}: {exc}") from None
         logger.info("started vLLM: pid=%d (own process group)", self.process.pid)
+        if self.startup_cpus is not None:
+            logger.info("vLLM starts on CPUs %s (its bind) until it serves",
+                        _cpus(self.startup_cpus))
         if self.settings.nice:
             yield_cpu(self.process.pid, self.settings.nice)
 
     def main_loop(self) -> None:
         assert self.process is not None
+        url = f"http://{_loopback(self.settings.host)}:{self.settings.port}/health"
+        next_look = 0.0
         while self.process.poll() is None and not self.should_exit.is_set():
+            if self.startup_cpus is not None and time.monotonic() >= next_look:
+                next_look = time.monotonic() + STARTUP_POLL_S
+                if _serves(url):
+                    self.release_cpus()
             self.should_exit.wait(self.poll_s)
         if self.process.returncode is not None:
             logger.info(
@@ -253,6 +292,14 @@ class Launcher:
             )
         else:
             logger.info("signal %s received; stopping vLLM", self.received_signal)
+
+    def release_cpus(self) -> None:
+        """vLLM serves: its API server and engine core may use all the launcher's CPUs again."""
+        assert self.process is not None
+        threads = release(group_members(self.process.pid), self._allowed)
+        logger.info("vLLM serves: its API server and engine core may use CPUs %s again "
+                    "(%d threads; workers keep their bind)", _cpus(self._allowed), threads)
+        self.startup_cpus = None
 
     def shutdown(self) -> int:
         # Runs whether vLLM died or we were asked to stop: either way stray engine processes of

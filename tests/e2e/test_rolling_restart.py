@@ -108,8 +108,8 @@ def test_rolling_restart_under_streamed_load_fails_no_request(
         for i, url in enumerate(stack.worker_urls):
             log = stack.worker_procs[i].log_path
             seen = len(log.read_text(errors="replace"))
-            # 20 min: beside the serving replica's busy engine a restarted vLLM-CPU was seen starved
-            # of CPU for its first minutes (8.5 min to healthy in one quiet run, over 10 in another).
+            # 20 min: a restarted vLLM-CPU took 8.5 min in one run and over 10 in another (before
+            # worker/startup_cpus.py, which those hangs in the kernel's affinity change led to).
             stack.restart_worker(i, timeout_s=1200)
             m = re.search(r"draining: not ready, new requests refused, (\d+) in flight",
                           log.read_text(errors="replace")[seen:])

@@ -3,18 +3,22 @@
 Like vLLM's API server it leaves a child behind when it exits; the child ignores SIGTERM, like an
 engine core busy in a kernel. Writes "<own pid> <child pid>" to PIDFILE once the tree is set up.
 
-usage: fake_engine.py PIDFILE [--polite] [--exit-code N]
-  --polite       the child exits on SIGTERM too (a well-behaved engine)
-  --exit-code N  exit with N right after setup instead of waiting (an engine crash)
+usage: fake_engine.py PIDFILE [--polite] [--exit-code N] [--worker-title] [--serve-port P]
+  --polite        the child exits on SIGTERM too (a well-behaved engine)
+  --exit-code N   exit with N right after setup instead of waiting (an engine crash)
+  --worker-title  the child's command line starts with VLLM::Worker, as vLLM's model ranks do
+  --serve-port P  answer 200 on GET /health at 127.0.0.1:P once the file PIDFILE.serve exists
 """
 
 from __future__ import annotations
 
 import argparse
+import http.server
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,16 +31,36 @@ time.sleep(3600)
 """
 
 
+def _serve_health(port: int, ready: Path) -> None:
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if ready.exists() else 503)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", port), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("pidfile", type=Path)
     parser.add_argument("--polite", action="store_true")
     parser.add_argument("--exit-code", type=int)
+    parser.add_argument("--worker-title", action="store_true")
+    parser.add_argument("--serve-port", type=int)
     args = parser.parse_args()
     exit_code: int | None = args.exit_code
+    if args.serve_port is not None:
+        _serve_health(args.serve_port, args.pidfile.with_suffix(".serve"))
 
+    argv0 = "VLLM::Worker_TP0" if args.worker_title else sys.executable
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(ignore=not args.polite)], stdout=subprocess.PIPE
+        [argv0, "-c", CHILD.format(ignore=not args.polite)], executable=sys.executable,
+        stdout=subprocess.PIPE,
     )
     assert child.stdout is not None
     child.stdout.readline()  # its SIGTERM disposition is in place before anyone learns its pid

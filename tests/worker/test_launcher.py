@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from model_store.marker import write_marker
+from tests.ports import free_port
 from worker.launcher import MarkerTimeout, exit_status, group_members, wait_for_marker
 
 if TYPE_CHECKING:
@@ -213,3 +214,62 @@ def test_nice_lowers_the_engine_sessions_priority(
     _, stderr = launcher.communicate(timeout=20)
     assert launcher.returncode == 0
     assert "nice 7" in stderr
+
+
+def _allowed(pid: int) -> set[int]:
+    return set(os.sched_getaffinity(pid))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to narrow to one")
+def test_a_cpu_engine_starts_on_its_bind_and_gets_the_cpus_back_once_it_serves(
+    tmp_path: Path, spawner: Spawner, make_model_dir: ModelDirFactory
+) -> None:
+    """worker.startup_cpus: torch's MKL probes every allowed CPU at import by moving onto it, and
+    a move onto another engine's busy core hung for minutes here."""
+    pidfile = tmp_path / "pids"
+    mine = _allowed(0)
+    bind = min(mine)
+    port = free_port()
+    launcher = spawner.start(
+        [sys.executable, str(RUN_LAUNCHER), str(make_model_dir()), "5", "--",
+         sys.executable, str(FAKE_ENGINE), str(pidfile), "--polite", "--worker-title",
+         "--serve-port", str(port)],
+        stderr=subprocess.PIPE,
+        env={"ENGINE_BIND": str(bind), "WORKER_PORT": str(port), "WORKER_HOST": "127.0.0.1"},
+    )
+    api, worker = read_pids(pidfile, launcher)
+    spawner.track(api)
+    # Until it serves, the whole tree is on the bind's CPU, children included.
+    assert _allowed(api) == {bind} and _allowed(worker) == {bind}
+    time.sleep(1.5)  # the launcher looks every second: still not serving, still narrowed
+    assert _allowed(api) == {bind}
+    pidfile.with_suffix(".serve").touch()
+    deadline = time.monotonic() + 10
+    while _allowed(api) != mine:
+        assert time.monotonic() < deadline, "the API server never got its CPUs back"
+        time.sleep(0.1)
+    # Every thread of the API server, and not the model rank, whose binding is vLLM's own.
+    assert all(_allowed(int(t)) == mine for t in os.listdir(f"/proc/{api}/task"))
+    assert _allowed(worker) == {bind}
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=20)
+    assert launcher.returncode == 0
+    assert f"vLLM starts on CPUs {bind} (its bind) until it serves" in stderr
+    assert "vLLM serves: its API server and engine core may use CPUs" in stderr
+
+
+def test_an_engine_without_a_bind_starts_on_every_cpu(
+    tmp_path: Path, spawner: Spawner, make_model_dir: ModelDirFactory
+) -> None:
+    pidfile = tmp_path / "pids"
+    launcher = spawner.start(
+        [sys.executable, str(RUN_LAUNCHER), str(make_model_dir()), "5", "--",
+         sys.executable, str(FAKE_ENGINE), str(pidfile), "--polite"],
+        stderr=subprocess.PIPE,
+    )
+    api, _ = read_pids(pidfile, launcher)
+    spawner.track(api)
+    assert _allowed(api) == _allowed(0)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=20)
+    assert "until it serves" not in stderr
