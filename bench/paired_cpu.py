@@ -14,7 +14,8 @@ each process its fair share, whatever its work.
 A contender may also be another proxy run the same way, for a ratio taken side by side:
 `LABEL=@vllm-router:/path/to/vllm-router` or `LABEL=@nginx` (bench/real_pace.py's setups; nginx's
 CPU includes its worker process), or `LABEL=@floor` (bench/floor_proxy.py: the least a Python relay
-on uvloop costs). With three contenders keep each one's rate lower (e.g. 60).
+on uvloop costs), or `LABEL=@asgi-floor` (bench/asgi_floor.py: uvicorn and the gateway's transport
+with nothing between them). With three contenders keep each one's rate lower (e.g. 60).
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ def command(spec: str, port: int, upstream: int, tmp: Path) -> str:
     if spec.startswith("@nginx"):
         (tmp / f"nginx-{port}.conf").write_text(NGINX_CONF.format(dir=tmp, up=upstream, port=port))
         return f"nginx -p {tmp} -c {tmp}/nginx-{port}.conf -g 'daemon off;'"
-    if spec == "@floor":
-        return (f"{sys.executable} -m bench.floor_proxy --port {port} "
+    if spec in ("@floor", "@asgi-floor"):
+        module = "floor_proxy" if spec == "@floor" else "asgi_floor"
+        return (f"{sys.executable} -m bench.{module} --port {port} "
                 f"--upstream 127.0.0.1:{upstream}")
     if spec.startswith("@vllm-router"):
         router = spec.partition(":")[2] or "vllm-router"
@@ -75,8 +77,8 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.paired_cpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkouts", nargs="+", metavar="LABEL=DIR",
-                   help="gateway checkouts (or @vllm-router[:PATH], @nginx, @floor); ratios are of the "
-                        "first to each other")
+                   help="gateway checkouts (or @vllm-router[:PATH], @nginx, @floor, @asgi-floor); ratios "
+                        "are of the first to each other")
     p.add_argument("--rate", type=float, default=60.0, help="requests/s to EACH gateway")
     p.add_argument("--duration", type=float, default=6.0, help="measured seconds per repeat")
     p.add_argument("--repeats", type=int, default=3)

@@ -1,5 +1,5 @@
-"""bench.floor_proxy is a contender in bench.paired_cpu: its CPU per request means something only if
-it relays whole answers on kept-alive connections, as the gateway does."""
+"""bench.floor_proxy and bench.asgi_floor are contenders in bench.paired_cpu: their CPU per request
+means something only if they relay whole answers on kept-alive connections, as the gateway does."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from tests.ports import free_port
 
 
 @contextlib.contextmanager
-def floor_proxy(upstream_port: int) -> Iterator[str]:
+def floor_proxy(module: str, upstream_port: int) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bench.floor_proxy", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port),
                              "--upstream", f"127.0.0.1:{upstream_port}"])
     url = f"http://127.0.0.1:{port}"
     try:
@@ -37,9 +37,10 @@ def floor_proxy(upstream_port: int) -> Iterator[str]:
 
 
 @pytest.mark.slow
-def test_streams_and_plain_answers_are_relayed_whole_on_one_connection() -> None:
+@pytest.mark.parametrize("module", ["bench.floor_proxy", "bench.asgi_floor"])
+def test_streams_and_plain_answers_are_relayed_whole_on_one_connection(module: str) -> None:
     with start_in_thread(Behaviour(tokens=20, token_delay_s=0.001)) as up, \
-            floor_proxy(up.port) as url, httpx.Client(base_url=url, timeout=10) as client:
+            floor_proxy(module, up.port) as url, httpx.Client(base_url=url, timeout=10) as client:
         for _ in range(3):
             text = client.post("/v1/chat/completions", json={
                 "model": "demo", "stream": True, "max_tokens": 20,
