@@ -200,6 +200,37 @@ class StreamHistogram(Collector):
         yield HistogramMetricFamily(self._name, self._doc, labels=[self._label])
 
 
+class ModelSeries:
+    """One model's per-request series, their label children looked up once.
+
+    prometheus_client's `labels()` takes a lock and builds a key on every call: six per streamed
+    request, about 2% of the gateway's CPU at 1-token answers (py-spy). The children are the
+    very series `labels()` returns, so the exposition is unchanged."""
+
+    __slots__ = ("_requests", "_requests_by", "e2e", "input_tokens", "model", "output_tokens",
+                 "tpot", "ttft", "usage_invalid")
+
+    def __init__(self, m: GatewayMetrics, model: str) -> None:
+        self.model = model
+        self.ttft = m.ttft.labels(model)
+        self.e2e = m.e2e.labels(model)
+        self.tpot = m.tpot.labels(model)
+        self.input_tokens = m.input_tokens.labels(model)
+        self.output_tokens = m.output_tokens.labels(model)
+        self.usage_invalid = m.usage_invalid.labels(model)
+        self._requests = m.requests
+        # (backend, status) -> child: bounded by the pool's backends times the statuses seen.
+        self._requests_by: dict[tuple[str, str], Counter] = {}
+
+    def request(self, backend: str, status: str) -> None:
+        """Count one proxied request by its backend and final status."""
+        child = self._requests_by.get((backend, status))
+        if child is None:
+            child = self._requests_by[backend, status] = self._requests.labels(
+                self.model, backend, status)
+        child.inc()
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -279,6 +310,7 @@ class GatewayMetrics:
         r.register(self.upstream_connections)
         self.routing = _RoutingCollector()
         r.register(self.routing)
+        self._series: dict[str, ModelSeries] = {}
 
         # -- the HTTP edge (gateway/edge.py) -----------------------------------------------------
         self.edge_events = Counter(
@@ -332,3 +364,11 @@ class GatewayMetrics:
             "Time a request waited in the batcher for companions", ["model"],
             buckets=_BATCH_DELAY_BUCKETS, registry=r,
         )
+
+    def series(self, model: str) -> ModelSeries:
+        """`model`'s per-request series. Only for models the router serves (and the proxy's
+        `unknown`): the cache is as bounded as the label values are."""
+        found = self._series.get(model)
+        if found is None:
+            found = self._series[model] = ModelSeries(self, model)
+        return found

@@ -26,10 +26,11 @@ def count_usage(
     m: GatewayMetrics, model: str, tenant: Tenant | None, counts: tuple[int, int] | None
 ) -> None:
     """Count an answer's tokens, or, when its usage was missing or malformed, only that."""
+    s = m.series(model)
     if counts is None:
-        m.usage_invalid.labels(model).inc()
+        s.usage_invalid.inc()
         return
-    m.input_tokens.labels(model).inc(counts[0])
-    m.output_tokens.labels(model).inc(counts[1])
+    s.input_tokens.inc(counts[0])
+    s.output_tokens.inc(counts[1])
     if tenant is not None:
         tenant.used(*counts)

@@ -63,12 +63,11 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.max_bytes
-        too_large = PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
         for k, v in scope["headers"]:
             if k == b"content-length":
                 if v.isdigit() and int(v) > limit:
                     # Declared too large: answer before reading a byte of it.
-                    await send_error(send, too_large, [(b"connection", b"close")])
+                    await send_error(send, self._too_large(), [(b"connection", b"close")])
                     return
                 break
 
@@ -80,7 +79,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise too_large
+                    raise self._too_large()
             return message
 
         # `send` is deliberately not wrapped (that would cost a call per SSE event): handlers read
@@ -88,8 +87,12 @@ class BodyLimitMiddleware:
         # into a 413 themselves. This catch is the net for anything that lets it escape.
         try:
             await self.app(scope, counting_receive, send)
-        except PayloadTooLarge:
-            await send_error(send, too_large, [(b"connection", b"close")])
+        except PayloadTooLarge as exc:
+            await send_error(send, exc, [(b"connection", b"close")])
+
+    def _too_large(self) -> PayloadTooLarge:
+        # Made when needed, not per request: an exception object per request showed in py-spy.
+        return PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes")
 
 
 class InFlightMiddleware:

@@ -280,10 +280,11 @@ class ProxyEndpoint:
         d.router.report_success(backend)
         await _send_json(send, 200, body)
         m = d.metrics
+        series = m.series(req.model)
         # A whole answer has no first token to time: E2E only, never TTFT.
         now = asyncio.get_running_loop().time()
-        m.e2e.labels(req.model).observe(now - started)
-        m.requests.labels(req.model, backend.url, "200").inc()
+        series.e2e.observe(now - started)
+        series.request(backend.url, "200")
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError:

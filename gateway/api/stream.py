@@ -136,18 +136,19 @@ async def relay_stream(
         raise
     finally:
         m = d.metrics
+        series = m.series(req.model)
         e2e = loop.time() - started
-        m.ttft.labels(req.model).observe(ttft)
-        m.e2e.labels(req.model).observe(e2e)
+        series.ttft.observe(ttft)
+        series.e2e.observe(e2e)
         if relay.saw_done:
             # vllm bench serve counts no gap for [DONE] nor the usage-only event: both come
             # last, so they are the last entries.
             del gaps[max(0, len(gaps) - (2 if req.client_wants_usage else 1)):]
         m.itl.observe_many(req.model, gaps)
         if relay.completion_tokens > 1:
-            m.tpot.labels(req.model).observe((e2e - ttft) / (relay.completion_tokens - 1))
-        m.requests.labels(req.model, backend.url, status).inc()
+            series.tpot.observe((e2e - ttft) / (relay.completion_tokens - 1))
+        series.request(backend.url, status)
         if relay.usage_known:
             count_usage(m, req.model, tenant, (relay.prompt_tokens, relay.completion_tokens))
         elif complete:  # a cut stream may just not have reached its usage yet
-            m.usage_invalid.labels(req.model).inc()
+            series.usage_invalid.inc()
