@@ -53,9 +53,13 @@ class Relay:
             return
         resp = await self.transport.post(self.upstream + scope["path"], body,
                                          {"content-type": "application/json"}, streaming=True)
-        await send({"type": "http.response.start", "status": resp.status, "headers": _SSE})
-        while chunk := await resp.readany():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        try:
+            await send({"type": "http.response.start", "status": resp.status, "headers": _SSE})
+            while chunk := await resp.readany():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except BaseException:
+            resp.close()
+            raise
         resp.release()
         await send({"type": "http.response.body", "body": b""})
 

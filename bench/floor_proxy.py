@@ -40,8 +40,10 @@ class _Upstream(asyncio.Protocol):
         self.client: _Client | None = None
         self._head = b""
         self._tail = b""
-        # Body bytes still due (Content-Length); -1: chunked, look for the end; -2: in the head.
-        self._left = -2
+        self._in_head = True
+        self._chunked = False
+        self._left = 0  # body bytes still due (Content-Length)
+        self._reusable = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -53,9 +55,8 @@ class _Upstream(asyncio.Protocol):
 
     def begin(self, client: _Client, request: bytes) -> None:
         self.client = client
-        self._head = b""
-        self._tail = b""
-        self._left = -2
+        self._head = self._tail = b""
+        self._in_head = True
         assert self.transport is not None
         self.transport.write(request)
 
@@ -64,29 +65,33 @@ class _Upstream(asyncio.Protocol):
         if client is None:
             return
         client.transport.write(data)
-        if self._left == -2:  # the response head is still arriving
+        if self._in_head:
             self._head += data
             end = self._head.find(_HEAD_END)
             if end < 0:
                 return
             head = self._head[:end].lower()
-            if b"transfer-encoding: chunked" in head:
-                self._left = -1
-            else:
+            self._in_head = False
+            self._chunked = b"chunked" in head
+            self._reusable = b"connection: close" not in head
+            if not self._chunked:
                 self._left = _content_length(head) - (len(self._head) - end - 4)
             data = self._head
-        elif self._left >= 0:
+        elif not self._chunked:
             self._left -= len(data)
-        if self._left == -1:
-            # The terminator may straddle two reads: keep the last 4 bytes of the one before.
-            ended = (self._tail + data).endswith(_CHUNKED_END)
-            self._tail = data[-4:]
+        if self._chunked:
+            # The terminator may straddle reads: keep the last 4 bytes of all read so far.
+            joined = self._tail + data
+            ended = joined.endswith(_CHUNKED_END)
+            self._tail = joined[-4:]
         else:
-            ended = self._left == 0
+            ended = self._left <= 0
         if ended:
             self.client = None
-            self._tail = b""
-            self._idle.append(self)
+            if self._reusable:
+                self._idle.append(self)
+            elif self.transport is not None:
+                self.transport.close()
             client.done()
 
 
@@ -98,6 +103,7 @@ class _Client(asyncio.Protocol):
         self._idle = idle
         self._buf = b""
         self._busy = False
+        self._connecting: asyncio.Task[None] | None = None  # kept: the loop holds tasks weakly
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -127,11 +133,15 @@ class _Client(asyncio.Protocol):
             if up.transport is not None and not up.transport.is_closing():
                 up.begin(self, request)
                 return
-        asyncio.get_running_loop().create_task(self._connect(request))
+        self._connecting = asyncio.get_running_loop().create_task(self._connect(request))
 
     async def _connect(self, request: bytes) -> None:
         loop = asyncio.get_running_loop()
-        _, up = await loop.create_connection(lambda: _Upstream(self._idle), *self._upstream)
+        try:
+            _, up = await loop.create_connection(lambda: _Upstream(self._idle), *self._upstream)
+        except OSError:
+            self.transport.close()  # no upstream: the client sees the connection end
+            return
         up.begin(self, request)
 
 

@@ -77,8 +77,8 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.paired_cpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkouts", nargs="+", metavar="LABEL=DIR",
-                   help="gateway checkouts (or @vllm-router[:PATH], @nginx, @floor, @asgi-floor); ratios "
-                        "are of the first to each other")
+                   help="gateway checkouts (or @vllm-router[:PATH], @nginx, @floor, "
+                        "@asgi-floor); ratios are of the first to each other")
     p.add_argument("--rate", type=float, default=60.0, help="requests/s to EACH gateway")
     p.add_argument("--duration", type=float, default=6.0, help="measured seconds per repeat")
     p.add_argument("--repeats", type=int, default=3)

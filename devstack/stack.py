@@ -44,7 +44,12 @@ def wait_http_ok(url: str, timeout_s: float, procs: list[Proc],
             if any(log != log0 or cpu - cpu0 >= stall_s * cpu_share
                    for (log, cpu), (log0, cpu0) in zip(now, seen, strict=True)):
                 seen, moved = now, time.monotonic()
-            elif time.monotonic() - moved > stall_s:
+            else:
+                # A child that exited takes its CPU out of the tree's total: measure from the
+                # lower figure, or the tree would have to earn that CPU back to show progress.
+                seen = [(log0, min(cpu, cpu0))
+                        for (_, cpu), (log0, cpu0) in zip(now, seen, strict=True)]
+            if time.monotonic() - moved > stall_s:
                 names = ", ".join(p.name for p in procs)
                 raise Stalled(f"{url} not ready; {names} silent and idle for {stall_s:.0f}s")
         try:

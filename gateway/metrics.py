@@ -366,8 +366,8 @@ class GatewayMetrics:
         )
 
     def series(self, model: str) -> ModelSeries:
-        """`model`'s per-request series. Only for models the router serves (and the proxy's
-        `unknown`): the cache is as bounded as the label values are."""
+        """`model`'s per-request series. Only for models the router serves (the proxy calls it
+        after a replica was picked): the cache is as bounded as the label values are."""
         found = self._series.get(model)
         if found is None:
             found = self._series[model] = ModelSeries(self, model)

@@ -22,6 +22,7 @@ orphans keep the group id, so signalling the group reaches them wherever they we
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import logging
 import os
@@ -48,8 +49,10 @@ from worker.startup_cpus import release, startup_cpus
 logger = logging.getLogger("worker")
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# How often the launcher asks a vLLM started on its own cores whether it serves yet.
+# How often the launcher asks a vLLM started on its own cores whether it serves yet, and after how
+# long without an answer it says so (a port moved by extra args, TLS: /health never answers here).
 STARTUP_POLL_S = 1.0
+NARROW_WARN_S = 900.0
 # After SIGKILL the kernel needs a moment to tear processes down; this only bounds that wait.
 KILL_GRACE_S = 10.0
 # After the request drain, vLLM's own teardown (engine core, workers) takes a few seconds; a drain
@@ -157,8 +160,8 @@ def _serves(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
             return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        return False  # not up, or not speaking HTTP yet: either way, not serving
 
 
 def _in_flight(url: str) -> int | None:
@@ -173,7 +176,7 @@ def _in_flight(url: str) -> int | None:
                 state = json.loads(exc.read())
             except ValueError:
                 return None
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
         return None
     count = state.get("in_flight") if isinstance(state, dict) else None
     return count if isinstance(count, int) and state.get("status") == "draining" else None
@@ -201,6 +204,8 @@ class Launcher:
         # The CPUs vLLM was started on (worker.startup_cpus), until it serves; then None.
         self.startup_cpus: frozenset[int] | None = None
         self._allowed = frozenset(os.sched_getaffinity(0))
+        self._engine_env: Mapping[str, str] = {}
+        self._narrowed_at = 0.0
 
     def run(self) -> int:
         with self.capture_signals():
@@ -261,6 +266,8 @@ class Launcher:
         self.startup_cpus = (startup_cpus(env.get("VLLM_CPU_OMP_THREADS_BIND"), self._allowed)
                              if self.settings.device == "cpu" and self.settings.is_leader
                              else None)
+        self._engine_env = env
+        self._narrowed_at = time.monotonic()
         # Set in the child between fork and exec: the launcher has no other thread to upset.
         pin = (partial(os.sched_setaffinity, 0, self.startup_cpus)
                if self.startup_cpus is not None else None)
@@ -285,6 +292,11 @@ class Launcher:
                 next_look = time.monotonic() + STARTUP_POLL_S
                 if _serves(url):
                     self.release_cpus()
+                elif time.monotonic() - self._narrowed_at > NARROW_WARN_S:
+                    logger.warning("vLLM has not answered %s for %.0f min: its API server and "
+                                   "engine core stay on CPUs %s until it does", url,
+                                   NARROW_WARN_S / 60, _cpus(self.startup_cpus))
+                    self._narrowed_at = float("inf")  # once
             self.should_exit.wait(self.poll_s)
         if self.process.returncode is not None:
             logger.info(
@@ -296,9 +308,15 @@ class Launcher:
     def release_cpus(self) -> None:
         """vLLM serves: its API server and engine core may use all the launcher's CPUs again."""
         assert self.process is not None
-        threads = release(group_members(self.process.pid), self._allowed)
-        logger.info("vLLM serves: its API server and engine core may use CPUs %s again "
-                    "(%d threads; workers keep their bind)", _cpus(self._allowed), threads)
+        threads = release(self.process.pid, group_members(self.process.pid), self._allowed,
+                          self._engine_env)
+        if threads:
+            logger.info("vLLM serves: its API server and engine core may use CPUs %s again "
+                        "(%d threads; workers keep their bind)", _cpus(self._allowed), threads)
+        else:
+            logger.info("vLLM serves; its processes keep CPUs %s (the model runs in the API "
+                        "server, or no engine core was found)", _cpus(self.startup_cpus or
+                                                                     self._allowed))
         self.startup_cpus = None
 
     def shutdown(self) -> int:

@@ -11,19 +11,22 @@ allowed (the cores of VLLM_CPU_OMP_THREADS_BIND), MKL probes just those and neve
 onto another engine's core.
 
 Once the API server's /health answers, its threads and the engine core's get the launcher's CPUs
-back, as they would have had without this. The workers (`VLLM::Worker*`) are left as they are:
-vLLM binds their compute threads to the bind cores itself, which are these cores anyway.
+back, as they would have had without this. Only those two are named for it (the group leader, and
+processes titled `<prefix>::EngineCore`): the model ranks (`VLLM::Worker*`) keep the binding vLLM
+gave their compute threads, which are these cores anyway, and so does anything not recognised.
+With vLLM's multiprocessing off the model runs inside the API server, whose threads vLLM bound
+itself: then nothing is widened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-# vLLM's process title for the ranks that run the model (`VLLM::Worker`, `VLLM::Worker_PP0`...).
-WORKER_TITLE = b"VLLM::Worker"
+# vLLM titles its processes `<VLLM_PROCESS_NAME_PREFIX>::<name>` (setproctitle).
+ENGINE_CORE_TITLE = "{prefix}::EngineCore"
 
 
 def bind_cpus(bind: str | None) -> frozenset[int] | None:
@@ -53,19 +56,24 @@ def startup_cpus(bind: str | None, allowed: Iterable[int]) -> frozenset[int] | N
     return narrowed if narrowed and narrowed != allowed_set else None
 
 
-def _is_worker(pid: int) -> bool:
+def _is_engine_core(pid: int, title: bytes) -> bool:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(WORKER_TITLE)
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title)
     except OSError:
         return False
 
 
-def release(pids: Iterable[int], cpus: frozenset[int]) -> int:
-    """Allow `cpus` to every thread of `pids` except vLLM's workers; returns the threads changed.
-    Each thread is set on its own: sched_setaffinity applies to one thread, not a process."""
+def release(leader: int, pids: Iterable[int], cpus: frozenset[int],
+            env: Mapping[str, str]) -> int:
+    """Allow `cpus` to every thread of the API server (`leader`) and of the engine core among
+    `pids`; returns the threads changed. Each thread is set on its own: sched_setaffinity applies
+    to one thread, not a process."""
+    if env.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() in ("0", "false", "False"):
+        return 0
+    title = ENGINE_CORE_TITLE.format(prefix=env.get("VLLM_PROCESS_NAME_PREFIX", "VLLM")).encode()
     changed = 0
     for pid in pids:
-        if _is_worker(pid):
+        if pid != leader and not _is_engine_core(pid, title):
             continue
         try:
             tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]

@@ -163,7 +163,10 @@ class ProxyEndpoint:
                                           "include_usage": True}
             raw = orjson.dumps(req.body)
         headers = _upstream_headers(scope)
-        if d.batcher is not None and self._kind == "completion" and not req.stream:
+        # Made-up model names skip the batcher (they end in 404 or 503 below): its metrics and
+        # its queues are per model, and a client must not mint those.
+        if (d.batcher is not None and self._kind == "completion" and not req.stream
+                and d.router.knows_model(model)):
             key = batch_key(req.body)
             if key is not None:
                 await self._batched(d.batcher, req, key, send, ex, tenant)

@@ -6,7 +6,8 @@ engine core busy in a kernel. Writes "<own pid> <child pid>" to PIDFILE once the
 usage: fake_engine.py PIDFILE [--polite] [--exit-code N] [--worker-title] [--serve-port P]
   --polite        the child exits on SIGTERM too (a well-behaved engine)
   --exit-code N   exit with N right after setup instead of waiting (an engine crash)
-  --worker-title  the child's command line starts with VLLM::Worker, as vLLM's model ranks do
+  --worker-title  the child's command line starts with VLLM::Worker, as vLLM's model ranks do,
+                  and a second child titled VLLM::EngineCore writes its pid to PIDFILE.core
   --serve-port P  answer 200 on GET /health at 127.0.0.1:P once the file PIDFILE.serve exists
 """
 
@@ -62,6 +63,12 @@ def main() -> int:
         [argv0, "-c", CHILD.format(ignore=not args.polite)], executable=sys.executable,
         stdout=subprocess.PIPE,
     )
+    if args.worker_title:
+        core = subprocess.Popen(["VLLM::EngineCore", "-c", CHILD.format(ignore=not args.polite)],
+                                executable=sys.executable, stdout=subprocess.PIPE)
+        assert core.stdout is not None
+        core.stdout.readline()
+        args.pidfile.with_suffix(".core").write_text(str(core.pid), encoding="utf-8")
     assert child.stdout is not None
     child.stdout.readline()  # its SIGTERM disposition is in place before anyone learns its pid
     tmp = args.pidfile.with_suffix(".tmp")

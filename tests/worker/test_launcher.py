@@ -239,17 +239,22 @@ def test_a_cpu_engine_starts_on_its_bind_and_gets_the_cpus_back_once_it_serves(
     )
     api, worker = read_pids(pidfile, launcher)
     spawner.track(api)
+    core = int(pidfile.with_suffix(".core").read_text(encoding="utf-8"))
     # Until it serves, the whole tree is on the bind's CPU, children included.
-    assert _allowed(api) == {bind} and _allowed(worker) == {bind}
+    assert _allowed(api) == _allowed(worker) == _allowed(core) == {bind}
     time.sleep(1.5)  # the launcher looks every second: still not serving, still narrowed
     assert _allowed(api) == {bind}
+
+    def widened(pid: int) -> bool:
+        return all(_allowed(int(t)) == mine for t in os.listdir(f"/proc/{pid}/task"))
+
     pidfile.with_suffix(".serve").touch()
     deadline = time.monotonic() + 10
-    while _allowed(api) != mine:
-        assert time.monotonic() < deadline, "the API server never got its CPUs back"
+    while not (widened(api) and widened(core)):
+        assert time.monotonic() < deadline, "the API server or engine core never got its CPUs"
         time.sleep(0.1)
-    # Every thread of the API server, and not the model rank, whose binding is vLLM's own.
-    assert all(_allowed(int(t)) == mine for t in os.listdir(f"/proc/{api}/task"))
+    # Every thread of the API server and the engine core; not the model rank, whose binding is
+    # vLLM's own.
     assert _allowed(worker) == {bind}
     launcher.send_signal(signal.SIGTERM)
     _, stderr = launcher.communicate(timeout=20)

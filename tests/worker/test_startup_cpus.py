@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
-from worker.startup_cpus import bind_cpus, startup_cpus
+from worker.startup_cpus import bind_cpus, release, startup_cpus
 
 
 @pytest.mark.parametrize(("bind", "cpus"), [
@@ -32,3 +36,30 @@ def test_start_on_the_bind_only_when_it_narrows_what_is_allowed() -> None:
     assert startup_cpus("auto", [0, 1]) is None
     # A bind reaching beyond what this process may use is cut to what it may.
     assert startup_cpus("1-3", [0, 1]) == {1}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to narrow to one")
+@pytest.mark.parametrize(("env", "title", "widened"), [
+    ({}, "VLLM::EngineCore", True),
+    ({"VLLM_PROCESS_NAME_PREFIX": "ACME"}, "ACME::EngineCore_DP0", True),
+    ({}, "VLLM::Worker_TP0", False),  # a model rank keeps vLLM's binding
+    ({}, "python", False),  # nothing recognised: left as it was, which is safe
+    # The model runs inside the API server: its threads are vLLM's to bind.
+    ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, "VLLM::EngineCore", False),
+])
+def test_release_widens_the_engine_core_and_nothing_it_does_not_recognise(
+    env: dict[str, str], title: str, widened: bool
+) -> None:
+    mine = frozenset(os.sched_getaffinity(0))
+    one = min(mine)
+    child = subprocess.Popen([title, "-c", "import time; time.sleep(30)"],
+                             executable=sys.executable,
+                             preexec_fn=lambda: os.sched_setaffinity(0, {one}))  # noqa: PLW1509
+    try:
+        # The leader here is this test process: only the child is judged by its title.
+        leader = os.getpid()
+        release(leader, [child.pid], mine, env)
+        assert os.sched_getaffinity(child.pid) == (mine if widened else {one})
+    finally:
+        child.kill()
+        child.wait()

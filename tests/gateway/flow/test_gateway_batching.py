@@ -46,3 +46,15 @@ def test_streaming_and_disabled_batching_go_straight_through(upstreams: Upstream
         assert r.status_code == 200
         assert up.last_request is not None and up.last_request["prompt"] == "x"
         assert gw.metric("llmserve_batch_size_count") == 0
+
+
+def test_made_up_models_through_the_batcher_mint_no_series(upstreams: UpstreamFactory) -> None:
+    up = upstreams()
+    batch = {"enabled": True, "max_size": 4, "max_delay_s": 0.01}
+    with run_gateway(backends=[url_of(up)], batch=batch) as gw:
+        for name in ("nope-1", "nope-2"):
+            r = httpx.post(gw.url + "/v1/completions",
+                           json={"model": name, "prompt": "x", "max_tokens": 4})
+            assert r.status_code in (404, 503), r.text
+        text = httpx.get(gw.url + "/metrics").text
+        assert "nope" not in text
