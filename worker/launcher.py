@@ -285,7 +285,7 @@ class Launcher:
 
     def main_loop(self) -> None:
         assert self.process is not None
-        url = f"http://{_loopback(self.settings.host)}:{self.settings.port}/health"
+        url = self.health_url
         next_look = 0.0
         while self.process.poll() is None and not self.should_exit.is_set():
             if self.startup_cpus is not None and time.monotonic() >= next_look:
@@ -304,6 +304,11 @@ class Launcher:
             )
         else:
             logger.info("signal %s received; stopping vLLM", self.received_signal)
+
+    @property
+    def health_url(self) -> str:
+        """Where this launcher reaches its own API server's /health (start-up and drain)."""
+        return f"http://{_loopback(self.settings.host)}:{self.settings.port}/health"
 
     def release_cpus(self) -> None:
         """vLLM serves: its API server and engine core may use all the launcher's CPUs again."""
@@ -354,7 +359,7 @@ class Launcher:
         if self.drain_file is None:
             return
         self.drain_file.touch()
-        url = f"http://{_loopback(self.settings.host)}:{self.settings.port}/health"
+        url = self.health_url
         first = True
         while self.process.poll() is None and not self.force_exit:
             in_flight = _in_flight(url)
