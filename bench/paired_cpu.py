@@ -15,7 +15,8 @@ A contender may also be another proxy run the same way, for a ratio taken side b
 `LABEL=@vllm-router:/path/to/vllm-router` or `LABEL=@nginx` (bench/real_pace.py's setups; nginx's
 CPU includes its worker process), or `LABEL=@floor` (bench/floor_proxy.py: the least a Python relay
 on uvloop costs), or `LABEL=@asgi-floor` (bench/asgi_floor.py: uvicorn and the gateway's transport
-with nothing between them). With three contenders keep each one's rate lower (e.g. 60).
+with nothing between them), or `LABEL=@task-floor` (bench/task_floor.py: a task per request on the
+same transport, without uvicorn). With three contenders keep each one's rate lower (e.g. 60).
 """
 
 from __future__ import annotations
@@ -51,13 +52,16 @@ def on_cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+_FLOORS = {"@floor": "floor_proxy", "@asgi-floor": "asgi_floor", "@task-floor": "task_floor"}
+
+
 def command(spec: str, port: int, upstream: int, tmp: Path) -> str:
     """The command line serving on `port` for a contender: a checkout's gateway, or @proxy."""
     if spec.startswith("@nginx"):
         (tmp / f"nginx-{port}.conf").write_text(NGINX_CONF.format(dir=tmp, up=upstream, port=port))
         return f"nginx -p {tmp} -c {tmp}/nginx-{port}.conf -g 'daemon off;'"
-    if spec in ("@floor", "@asgi-floor"):
-        module = "floor_proxy" if spec == "@floor" else "asgi_floor"
+    if spec in _FLOORS:
+        module = _FLOORS[spec]
         return (f"{sys.executable} -m bench.{module} --port {port} "
                 f"--upstream 127.0.0.1:{upstream}")
     if spec.startswith("@vllm-router"):
@@ -78,7 +82,7 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkouts", nargs="+", metavar="LABEL=DIR",
                    help="gateway checkouts (or @vllm-router[:PATH], @nginx, @floor, "
-                        "@asgi-floor); ratios are of the first to each other")
+                        "@asgi-floor, @task-floor); ratios are of the first to each other")
     p.add_argument("--rate", type=float, default=60.0, help="requests/s to EACH gateway")
     p.add_argument("--duration", type=float, default=6.0, help="measured seconds per repeat")
     p.add_argument("--repeats", type=int, default=3)

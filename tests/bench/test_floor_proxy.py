@@ -1,5 +1,6 @@
-"""bench.floor_proxy and bench.asgi_floor are contenders in bench.paired_cpu: their CPU per request
-means something only if they relay whole answers on kept-alive connections, as the gateway does."""
+"""bench.floor_proxy, bench.asgi_floor and bench.task_floor are contenders in bench.paired_cpu:
+their CPU per request means something only if they relay whole answers on kept-alive connections,
+as the gateway does."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def floor_proxy(module: str, upstream_port: int) -> Iterator[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["bench.floor_proxy", "bench.asgi_floor"])
+@pytest.mark.parametrize("module", ["bench.floor_proxy", "bench.asgi_floor", "bench.task_floor"])
 def test_streams_and_plain_answers_are_relayed_whole_on_one_connection(module: str) -> None:
     with start_in_thread(Behaviour(tokens=20, token_delay_s=0.001)) as up, \
             floor_proxy(module, up.port) as url, httpx.Client(base_url=url, timeout=10) as client:
