@@ -5,8 +5,10 @@ adaptive concurrency limit. Below the limit with nobody queued a request is admi
 integer compare and increment, no future, no task. Otherwise it waits in the pool's fair queue.
 
 A request that would wait past `queue_timeout_s` (estimated from the requests ahead of it and the
-pool's observed drain rate) is refused at once instead of timing out later: the client hears "retry
-in N s" within milliseconds. Every refusal carries a Retry-After computed from the same queue and
+pool's observed drain rate, or in slow start the pace at which the limit grows, whichever is
+faster) is refused at once instead of timing out later: the client hears "retry in N s" within
+milliseconds. Before the pool's first sample nothing is known of the engines' pace and the estimate
+assumes the slowest they may be (a slot per target): a cold burst beyond the limit is refused. Every refusal carries a Retry-After computed from the same queue and
 rate, never a constant.
 
 A request that did get into the queue was promised service within the timeout, so when the
@@ -118,7 +120,8 @@ class Pool:
             self._queue_time.observe(0.0)
             return
         s = self._settings
-        rate = self.drain.current()
+        # Slots come back as requests complete and, in slow start, as the limit grows.
+        rate = max(self.drain.current(), self.limiter.growth_rate(self.in_flight))
         limit = self.limiter.limit
         target = self.limiter.target_s
         ahead = self.queue.ahead_of(tenant.name, cls, tenant.weight)

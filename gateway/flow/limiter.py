@@ -52,11 +52,15 @@ BEST_DRIFT = 0.005
 # engine's decode, and against a best of microseconds every scheduling hiccup read as a 2x miss and
 # cut the limit (503s from a healthy upstream in tests/gateway/flow/test_shared_limits.py).
 MIN_BEST_PER_TOKEN_S = 0.005
+# Weight of each sample in the recent turnover (slow start's pace, see `growth_rate`).
+TURNOVER_ALPHA = 0.2
+# The turnover is never taken below this: a near-instant sample must not promise unbounded growth.
+MIN_TURNOVER_S = 0.01
 
 
 class AimdLimiter:
-    __slots__ = ("_backoff", "_best_per_token", "_ceiling", "_clock", "_floor", "_initial",
-                 "_last_cut", "_limit", "_slow_start", "_target", "limit")
+    __slots__ = ("_backoff", "_best_per_token", "_ceiling", "_clock", "_floor", "_grew",
+                 "_initial", "_last_cut", "_limit", "_slow_start", "_target", "_turnover", "limit")
 
     def __init__(
         self, *, initial: int, floor: int, ceiling: int, target_s: float, backoff: float = 0.9,
@@ -76,14 +80,26 @@ class AimdLimiter:
         self._clock = clock
         self._last_cut = -1e18
         self._best_per_token = 0.0  # whole answers: best seconds per token lately (0: none yet)
+        # Slow start's pace, for the door's wait estimate (`growth_rate`): a recent average of the
+        # time from dispatch to a sample (0: none since start or idle), and whether the last
+        # sample added a slot.
+        self._turnover = 0.0
+        self._grew = False
         self.limit = initial  # the integer the admission check reads
 
     @property
     def target_s(self) -> float:
         return self._target
 
-    def on_sample(self, latency_s: float, dispatched_at: float, in_flight: int) -> None:
-        """One request's upstream TTFT; `in_flight` counts admitted requests at that moment."""
+    def on_sample(self, latency_s: float, dispatched_at: float, in_flight: int, *,
+                  turnover_s: float | None = None) -> None:
+        """One request's upstream TTFT; `in_flight` counts admitted requests at that moment;
+        `turnover_s` is the time the sample took to come back when it differs from `latency_s`
+        (a whole answer's, judged on another scale)."""
+        took = latency_s if turnover_s is None else turnover_s
+        self._turnover = took if self._turnover <= 0.0 else (
+            self._turnover + (took - self._turnover) * TURNOVER_ALPHA)
+        self._grew = False
         if latency_s > self._target:
             if dispatched_at >= self._last_cut:
                 self._cut(self._target / latency_s)
@@ -92,6 +108,7 @@ class AimdLimiter:
         if in_flight * 2 >= self.limit:
             if self._slow_start and latency_s < SLOW_START_BELOW * self._target:
                 self._set(self._limit + 1.0)
+                self._grew = True
                 return
             room = 1.0 - latency_s / self._target
             self._set(self._limit + max(1.0 / self._limit, GROWTH * room))
@@ -112,7 +129,20 @@ class AimdLimiter:
         ratio = max(1.0, per_token / max(best, MIN_BEST_PER_TOKEN_S))
         # Mapped onto the streamed scale: the best is no latency, WHOLE_TOLERANCE x is the target.
         self.on_sample(self._target * (ratio - 1.0) / (WHOLE_TOLERANCE - 1.0), dispatched_at,
-                       in_flight)
+                       in_flight, turnover_s=latency_s)
+
+    def growth_rate(self, in_flight: int) -> float:
+        """Slots per second slow start is about to add: while its samples come back far below the
+        target, each of the `in_flight` requests adds one when its sample arrives, within about
+        the recent turnover. 0 outside slow start, or with no sample since start or idle.
+
+        Why the door needs it: its wait estimate otherwise counts only completions, and in slow
+        start nothing has completed yet while the limit doubles every turnover. A cold gateway at
+        400 streams/s in front of an upstream answering every first token at 100 ms refused 15 of
+        3,200 requests that way, in waves a turnover apart (bench/real_pace.py)."""
+        if not (self._slow_start and self._grew) or self._turnover <= 0.0:
+            return 0.0
+        return in_flight / max(self._turnover, MIN_TURNOVER_S)
 
     def on_idle(self, idle_s: float) -> None:
         """The pool has been empty for `idle_s`: decay toward the starting limit, slow start again."""
@@ -120,6 +150,8 @@ class AimdLimiter:
         if spells <= 0:
             return
         self._slow_start = True
+        self._turnover = 0.0  # the engines' pace before the pause says little about the next burst
+        self._grew = False
         if self._limit > self._initial:
             self._set(max(float(self._initial), self._limit / 2.0 ** min(spells, 30)))
 

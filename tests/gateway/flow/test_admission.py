@@ -274,3 +274,37 @@ async def test_pushing_out_a_request_that_is_leaving_anyway_does_not_fail_the_ne
     for t in (older, newcomer):
         t.cancel()
     await asyncio.gather(older, newcomer, return_exceptions=True)
+
+
+async def test_a_cold_pool_in_slow_start_queues_what_its_growth_will_admit() -> None:
+    # The door counts slow start's growth: engines answering first tokens at 0.1 s against a 3 s
+    # target add a slot per answer, so a short queue is served within the timeout although
+    # nothing has completed yet (a cold gateway at 400 streams/s refused in waves without this).
+    clock = FakeClock()
+    adm, m = admission(clock, initial_limit=8, max_limit=64, ttft_target_s=4.0,
+                       queue_timeout_s=1.0, max_queue=100)
+    pool = adm.pool("demo")
+    t = adm.tenants.for_key(None)
+    for _ in range(8):
+        assert pool.try_acquire()
+    # Before any first token the door knows nothing of the engines' pace: it assumes the worst
+    # (each slot held for the whole 3 s the engines may take), which keeps the overload bar: a
+    # cold burst is refused at once beyond the first in line (8 / 3 s: 0.375 s, then 0.75 s).
+    queued = [asyncio.create_task(pool.acquire(t, 1))]
+    await asyncio.sleep(0)
+    with pytest.raises(Unavailable):
+        await pool.acquire(t, 1)
+    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1
+    # First tokens at 0.1 s: each adds a slot and lets one queued request in.
+    pool.sample(0.1, clock())
+    await asyncio.wait_for(queued[0], 1)
+    assert pool.limiter.limit == 9 and pool.in_flight == 9
+    # With that pace known, a queue as long as what is in flight fits in the timeout.
+    queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(9)]
+    await asyncio.sleep(0)
+    assert len(pool.queue) == 9
+    for _ in range(9):
+        pool.sample(0.1, clock())
+    await asyncio.wait_for(asyncio.gather(*queued), 1)
+    assert pool.in_flight == 18 and len(pool.queue) == 0
+    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1

@@ -153,3 +153,36 @@ def test_whole_answers_faster_than_an_engine_decodes_are_no_signal(clock: FakeCl
     clock.advance(1)
     lim.on_whole_sample(0.015 * 11, 10, clock(), in_flight=lim.limit)  # 3x the 5 ms floor: a miss
     assert lim.limit < before
+
+
+def test_growth_rate_is_slow_starts_pace_and_only_its(clock: FakeClock) -> None:
+    lim = AimdLimiter(initial=32, floor=2, ceiling=1024, target_s=3.0, clock=clock)
+    assert lim.growth_rate(32) == 0.0  # no sample yet: nothing known about the engines' pace
+    for _ in range(5):
+        lim.on_sample(0.1, clock(), in_flight=32)
+    # Each of the 32 in flight adds a slot when its first token comes, ~0.1 s from now.
+    assert lim.growth_rate(32) == pytest.approx(320.0)
+    # Samples near the target add no whole slot: no slow-start growth to count on.
+    lim.on_sample(2.0, clock(), in_flight=lim.limit)
+    assert lim.growth_rate(32) == 0.0
+    lim.on_sample(0.1, clock(), in_flight=lim.limit)
+    assert lim.growth_rate(32) > 0.0
+    # A pause forgets the pace: the next burst is judged as a cold start.
+    lim.on_idle(10_000.0)
+    assert lim.growth_rate(32) == 0.0
+    # Once slow start is over (a miss), growth is additive: nothing to count on either.
+    for _ in range(5):
+        lim.on_sample(0.1, clock(), in_flight=lim.limit)
+    clock.advance(1)
+    lim.on_sample(6.0, clock(), in_flight=lim.limit)
+    lim.on_sample(0.1, clock(), in_flight=lim.limit)
+    assert lim.growth_rate(lim.limit) == 0.0
+
+
+def test_growth_rate_of_whole_answers_runs_at_their_own_latency(clock: FakeClock) -> None:
+    lim = AimdLimiter(initial=32, floor=2, ceiling=1024, target_s=3.0, clock=clock)
+    for _ in range(3):
+        # 2 s for 100 tokens, always the best seen: no latency on the streamed scale, so slow
+        # start adds a slot per answer, and an answer comes back every 2 s per slot.
+        lim.on_whole_sample(2.0, 100, clock(), in_flight=lim.limit)
+    assert lim.growth_rate(30) == pytest.approx(15.0)
