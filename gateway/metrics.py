@@ -16,12 +16,18 @@ Changing a bound changes the series, so these are fixed here, not settings.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from gateway.loop_metrics import (
+    CounterValue,
+    LoopCounter,
+    LoopGauge,
+    LoopHistogram,
+)
 
 # TTFT on CPU engines spans milliseconds to seconds under load; GPU clusters sit at the low end.
 _TTFT_BUCKETS = (
@@ -158,69 +164,25 @@ class _RoutingCollector(Collector):
 _E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
-class StreamHistogram(Collector):
-    """A histogram filled one whole stream at a time (ITL: one value per SSE event).
-
-    prometheus_client's Histogram takes two locks per observation; per event that is the hot path.
-    The proxy collects a stream's gaps in a list and hands them over once at its end: plain ints
-    updated on the event loop, where /metrics is served too, so nothing here needs a lock.
-    """
-
-    def __init__(self, name: str, documentation: str, label: str,
-                 buckets: Sequence[float]) -> None:
-        self._name = name
-        self._doc = documentation
-        self._label = label
-        self._bounds = tuple(float(b) for b in buckets)
-        # label value -> [count per bucket (the last is +Inf)..., sum]
-        self._series: dict[str, list[float]] = {}
-
-    def observe_many(self, label: str, values: Iterable[float]) -> None:
-        s = self._series.get(label)
-        if s is None:
-            s = self._series[label] = [0.0] * (len(self._bounds) + 2)
-        bounds, total = self._bounds, 0.0
-        for v in values:
-            s[bisect_left(bounds, v)] += 1  # first bound >= v: Prometheus's `le`
-            total += v
-        s[-1] += total
-
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self._name, self._doc, labels=[self._label])
-        edges = [*(repr(b) for b in self._bounds), "+Inf"]
-        for label, s in self._series.items():
-            cumulative, acc = [], 0.0
-            for edge, n in zip(edges, s, strict=False):
-                acc += n
-                cumulative.append((edge, acc))
-            family.add_metric([label], cumulative, s[-1])
-        yield family
-
-    def describe(self) -> Iterator[HistogramMetricFamily]:
-        yield HistogramMetricFamily(self._name, self._doc, labels=[self._label])
-
-
 class ModelSeries:
-    """One model's per-request series, their label children looked up once.
+    """One model's per-request series, their label children looked up once (a `labels()` call
+    per update builds a key each time; six per streamed request)."""
 
-    prometheus_client's `labels()` takes a lock and builds a key on every call: six per streamed
-    request, about 2% of the gateway's CPU at 1-token answers (py-spy). The children are the
-    very series `labels()` returns, so the exposition is unchanged."""
-
-    __slots__ = ("_requests", "_requests_by", "e2e", "input_tokens", "model", "output_tokens",
-                 "tpot", "ttft", "usage_invalid")
+    __slots__ = ("_requests", "_requests_by", "e2e", "input_tokens", "itl", "model",
+                 "output_tokens", "tpot", "ttft", "usage_invalid")
 
     def __init__(self, m: GatewayMetrics, model: str) -> None:
         self.model = model
         self.ttft = m.ttft.labels(model)
         self.e2e = m.e2e.labels(model)
         self.tpot = m.tpot.labels(model)
+        self.itl = m.itl.labels(model)
         self.input_tokens = m.input_tokens.labels(model)
         self.output_tokens = m.output_tokens.labels(model)
         self.usage_invalid = m.usage_invalid.labels(model)
         self._requests = m.requests
         # (backend, status) -> child: bounded by the pool's backends times the statuses seen.
-        self._requests_by: dict[tuple[str, str], Counter] = {}
+        self._requests_by: dict[tuple[str, str], CounterValue] = {}
 
     def request(self, backend: str, status: str) -> None:
         """Count one proxied request by its backend and final status."""
@@ -235,7 +197,10 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.ttft = Histogram(
+        # The per-request series are updated on the event loop only: lock-free families
+        # (gateway/loop_metrics.py). The rest, rare or written from other threads, are
+        # prometheus_client's.
+        self.ttft = LoopHistogram(
             "llmserve_ttft_seconds",
             "Time to first token of streamed requests as the gateway observes it (request received "
             "-> first content byte sent); whole answers feed only the E2E histogram",
@@ -243,7 +208,7 @@ class GatewayMetrics:
             buckets=_TTFT_BUCKETS,
             registry=r,
         )
-        self.e2e = Histogram(
+        self.e2e = LoopHistogram(
             "llmserve_e2e_request_latency_seconds",
             "Request received -> last byte sent",
             ["model"],
@@ -253,47 +218,47 @@ class GatewayMetrics:
         # The same definitions as `vllm bench serve`, so the gateway's and the load test's figures
         # compare: TPOT = (E2E - TTFT) / (output tokens - 1), once per stream of 2+ tokens; ITL =
         # the gap between two successive content events, once per event after the first.
-        self.tpot = Histogram(
+        self.tpot = LoopHistogram(
             "llmserve_tpot_seconds",
             "Time per output token of streamed requests after the first: (E2E - TTFT) / "
             "(output tokens - 1), as vllm bench serve computes it",
             ["model"], buckets=_TOKEN_GAP_BUCKETS, registry=r,
         )
-        self.itl = StreamHistogram(
+        # Filled a whole stream at a time (HistogramValue.observe_many), never per event.
+        self.itl = LoopHistogram(
             "llmserve_itl_seconds",
             "Inter-token latency of streamed requests: the gap between two successive content "
             "events as the gateway relays them (as vllm bench serve's ITL)",
-            "model", _TOKEN_GAP_BUCKETS,
+            ["model"], buckets=_TOKEN_GAP_BUCKETS, registry=r,
         )
-        r.register(self.itl)
         self.pool_info = Gauge(
             "llmserve_pool_info",
             "1 per configured worker pool: its served model and parallel layout (tensor and "
             "pipeline parallel sizes, nodes per replica); join on `model`",
             ["pool", "model", "tp", "pp", "nodes"], registry=r,
         )
-        self.output_tokens = Counter(
+        self.output_tokens = LoopCounter(
             "llmserve_output_tokens", "Generated tokens, from upstream usage", ["model"], registry=r
         )
-        self.input_tokens = Counter(
+        self.input_tokens = LoopCounter(
             "llmserve_input_tokens", "Prompt tokens, from upstream usage", ["model"], registry=r
         )
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "llmserve_requests",
             "Proxied requests by model, backend and final status",
             ["model", "backend", "status"],
             registry=r,
         )
-        self.in_flight = Gauge(
-            "llmserve_requests_in_flight", "HTTP requests being served", registry=r
-        )
+        self.in_flight = LoopGauge(
+            "llmserve_requests_in_flight", "HTTP requests being served", [], registry=r
+        ).labels()
         self.retries = Counter(
             "llmserve_upstream_retries",
             "Attempts moved to another replica before the first byte",
             ["model"],
             registry=r,
         )
-        self.usage_invalid = Counter(
+        self.usage_invalid = LoopCounter(
             "llmserve_upstream_usage_invalid",
             "Successful upstream answers whose usage was missing or malformed (a string, a "
             "negative number, a missing field): relayed as they were, tokens not counted",
@@ -326,7 +291,7 @@ class GatewayMetrics:
         # -- flow control (gateway/flow) ---------------------------------------------------------
         self.pools = _PoolCollector()
         r.register(self.pools)
-        self.queue_time = Histogram(
+        self.queue_time = LoopHistogram(
             "llmserve_queue_time_seconds",
             "Time an admitted request waited in the gateway queue (0 when admitted at once)",
             ["pool"], buckets=_QUEUE_BUCKETS, registry=r,
@@ -342,11 +307,11 @@ class GatewayMetrics:
             "Queued requests sent above the concurrency limit at their queue deadline "
             "(the wait estimate was too hopeful)", ["pool"], registry=r,
         )
-        self.tenant_requests = Counter(
+        self.tenant_requests = LoopCounter(
             "llmserve_tenant_requests", "Admitted requests per tenant (API key)", ["tenant"],
             registry=r,
         )
-        self.tenant_tokens = Counter(
+        self.tenant_tokens = LoopCounter(
             "llmserve_tenant_tokens", "Tokens used per tenant, from upstream usage",
             ["tenant", "kind"], registry=r,
         )

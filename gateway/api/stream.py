@@ -77,7 +77,7 @@ async def relay_stream(
     readany = resp.readany
     feed = relay.feed
     # ITL: one gap per event after the first, stamped when its chunk arrived; events that
-    # arrive together get 0. Observed once at the end, never per event (see StreamHistogram).
+    # arrive together get 0. Observed once at the end, never per event (observe_many).
     now = loop.time
     gaps: list[float] = [0.0] * (first.count(b"\n\n") - 1)
     last = started + ttft
@@ -144,7 +144,7 @@ async def relay_stream(
             # vllm bench serve counts no gap for [DONE] nor the usage-only event: both come
             # last, so they are the last entries.
             del gaps[max(0, len(gaps) - (2 if req.client_wants_usage else 1)):]
-        m.itl.observe_many(req.model, gaps)
+        series.itl.observe_many(gaps)
         if relay.completion_tokens > 1:
             series.tpot.observe((e2e - ttft) / (relay.completion_tokens - 1))
         series.request(backend.url, status)

@@ -1,4 +1,4 @@
-"""gateway/metrics.py on its own: the stream histogram's exposition, the pool info metric."""
+"""gateway/metrics.py on its own: ITL's exposition through the registry, the pool info metric."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import build_app
-from gateway.metrics import GatewayMetrics, StreamHistogram
+from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings, PoolLayout
 
 
@@ -20,27 +20,9 @@ def samples(metrics: GatewayMetrics, name: str) -> dict[tuple[tuple[str, str], .
     }
 
 
-def test_stream_histogram_is_cumulative_with_le_inclusive_bounds() -> None:
-    h = StreamHistogram("x_seconds", "doc", "model", [0.01, 0.1, 1.0])
-    h.observe_many("a", [0.0, 0.01, 0.05, 0.1, 0.5, 7.0])
-    h.observe_many("a", [])
-    h.observe_many("b", [2.0])
-    (family,) = h.collect()
-    got = {(s.name, s.labels.get("model"), s.labels.get("le")): s.value for s in family.samples}
-    # A value equal to a bound is in that bound's bucket (Prometheus's `le`).
-    assert got[("x_seconds_bucket", "a", "0.01")] == 2
-    assert got[("x_seconds_bucket", "a", "0.1")] == 4
-    assert got[("x_seconds_bucket", "a", "1.0")] == 5
-    assert got[("x_seconds_bucket", "a", "+Inf")] == 6
-    assert got[("x_seconds_count", "a", None)] == 6
-    assert abs(got[("x_seconds_sum", "a", None)] - 7.66) < 1e-9
-    assert got[("x_seconds_bucket", "b", "1.0")] == 0
-    assert got[("x_seconds_count", "b", None)] == 1
-
-
 def test_itl_is_exported_through_the_registry() -> None:
     m = GatewayMetrics()
-    m.itl.observe_many("demo", [0.02, 0.03])
+    m.itl.labels("demo").observe_many([0.02, 0.03])
     got = samples(m, "llmserve_itl_seconds")
     assert got[(("__name__", "llmserve_itl_seconds_count"), ("model", "demo"))] == 2
     assert got[(("__name__", "llmserve_itl_seconds_bucket"), ("le", "0.02"), ("model", "demo"))] == 1
