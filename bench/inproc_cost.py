@@ -47,7 +47,12 @@ class _Response:
         self._parts = [_EVENT + _USAGE + _DONE if streaming else _WHOLE]
 
     async def readany(self) -> bytes:
-        return self._parts.pop() if self._parts else b""
+        if self._parts:
+            # The answer arrives on a later turn of the loop, as from a socket: the proxy's task
+            # suspends and resumes through its whole chain of coroutines, as in a server.
+            await asyncio.sleep(0)
+            return self._parts.pop()
+        return b""
 
     async def read(self) -> bytes:
         return b"".join(self._parts)
@@ -67,6 +72,7 @@ class MemoryUpstream:
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], *,
                    streaming: bool) -> _Response:
+        await asyncio.sleep(0)  # the response head, on a later turn of the loop
         return _Response(streaming)
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
@@ -105,7 +111,12 @@ class Driver:
         out: list[bytes] = []
 
         async def receive() -> Message:
-            return pending.pop() if pending else {"type": "http.disconnect"}
+            if pending:
+                return pending.pop()
+            # The client stays: after its body there is nothing more to receive (the proxy's
+            # disconnect watcher waits here until it is cancelled).
+            await asyncio.get_running_loop().create_future()
+            raise AssertionError("unreachable")
 
         async def send(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -44,19 +44,20 @@ class FastLane:
         self.app = app
         self.endpoints = endpoints
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    # A plain function handing back the chosen app's coroutine, not a coroutine awaiting it: every
+    # time the proxy's task suspends or resumes, each coroutine frame between it and the server
+    # is passed through again (several times per request).
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         if scope["type"] == "http":
             endpoint = self.endpoints.get(scope["path"])
             if endpoint is not None:
                 if scope["method"] == "POST":
-                    await endpoint(scope, receive, send)
-                else:
-                    # Not a 404 from the framework, which has no route here: the path exists.
-                    await send_error(send, MethodNotAllowed(
-                        f"Method {scope['method']} is not allowed on {scope['path']}; use POST"
-                    ), [(b"allow", b"POST")])
-                return
-        await self.app(scope, receive, send)
+                    return endpoint(scope, receive, send)
+                # Not a 404 from the framework, which has no route here: the path exists.
+                return send_error(send, MethodNotAllowed(
+                    f"Method {scope['method']} is not allowed on {scope['path']}; use POST"
+                ), [(b"allow", b"POST")])
+        return self.app(scope, receive, send)
 
 
 @dataclass
@@ -161,5 +162,6 @@ class GatewayApp:
         self.api = api
         self.state = state
 
+    # A coroutine function: uvicorn tells ASGI 3 from ASGI 2 apps by that.
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._asgi(scope, receive, send)
