@@ -114,14 +114,8 @@ async def relay_stream(
         await send({"type": "http.response.body", "body": out + relay.flush(),
                     "more_body": False})
         complete = ex.responded = True
-        # Read the chunked-encoding terminator so the connection goes back to the pool.
-        while await readany():
-            pass
-        resp.release()
     except GatewayError as exc:
         resp.close()
-        if complete:
-            return
         # Past the first byte there is no retry: end the stream with one in-band error event.
         d.router.report_failure(backend)
         log_failure(ex, exc)
@@ -129,12 +123,13 @@ async def relay_stream(
         await send({"type": "http.response.body", "body": sse_error_event(exc),
                     "more_body": False})
     except BaseException:
-        if not complete:
-            # The drain's timeout, or the client closed the request (disconnect cancels this
-            # task).
-            status = "503" if ex.expired else "499"
+        # The drain's timeout, or the client closed the request (disconnect cancels this task).
+        status = "503" if ex.expired else "499"
         raise
     finally:
+        # Observed when the client has its last byte, before the upstream's terminator is read
+        # below: E2E ends there, and a client that scrapes /metrics right after [DONE] sees its
+        # request counted (the terminator may come in a later read).
         m = d.metrics
         series = m.series(req.model)
         e2e = loop.time() - started
@@ -152,3 +147,13 @@ async def relay_stream(
             count_usage(m, req.model, tenant, (relay.prompt_tokens, relay.completion_tokens))
         elif complete:  # a cut stream may just not have reached its usage yet
             series.usage_invalid.inc()
+    if not complete:
+        return  # ended in-band above; the upstream connection is closed
+    # Read the chunked-encoding terminator so the connection goes back to the pool.
+    try:
+        while await readany():
+            pass
+    except GatewayError:
+        resp.close()  # the answer is whole; only the connection is lost
+        return
+    resp.release()
