@@ -70,6 +70,9 @@ class Round:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     load_share: float = 0.0  # busy share of CPU 1 (the client and the upstream)
+    # When each request answered other than 200 was due, in seconds from the round's start: a
+    # cold start's refusals come in waves a turnover apart, an overload's all along.
+    refused_at: list[float] = field(default_factory=list)
 
     @property
     def served(self) -> int:
@@ -99,6 +102,8 @@ async def _one(port: int, raw: bytes, due: float, idle: list[tuple[asyncio.Strea
         head, _, buf = buf.partition(b"\r\n\r\n")
         status = int(head[9:12])
         out.statuses[status] = out.statuses.get(status, 0) + 1
+        if status != 200:
+            out.refused_at.append(due)
         lower = head.lower()
         if b"content-length:" in lower:
             n = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
@@ -145,6 +150,7 @@ async def open_loop(port: int, rate: float, duration: float, tokens: int) -> Rou
     await asyncio.gather(*tasks)
     for _, w in idle:
         w.close()
+    out.refused_at = sorted(t - start_t for t in out.refused_at)
     return out
 
 
@@ -241,7 +247,20 @@ def line(name: str, res: Round, label: str) -> str:
             f"late {res.late}  TTFT p50 {pct(res.ttft, .5) * 1e3:6.1f} ms "
             f"p99 {pct(res.ttft, .99) * 1e3:7.1f} ms  CPU/req "
             f"{res.cpu_s / max(res.served, 1) * 1e6:6.0f} us  core "
-            f"{res.cpu_s / res.wall_s:.2f}  load core {res.load_share:.2f}")
+            f"{res.cpu_s / res.wall_s:.2f}  load core {res.load_share:.2f}"
+            + (f"  refused due at {_spans(res.refused_at)} s" if res.refused_at else ""))
+
+
+def _spans(times: list[float], gap: float = 0.02) -> str:
+    """Sorted times as runs, '0.093-0.100 (4), 0.195-0.200 (3)': waves read at a glance."""
+    runs: list[list[float]] = []
+    for t in times:
+        if runs and t - runs[-1][-1] <= gap:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return ", ".join(f"{r[0]:.3f}-{r[-1]:.3f} ({len(r)})" if len(r) > 1 else f"{r[0]:.3f}"
+                     for r in runs[:8]) + (" ..." if len(runs) > 8 else "")
 
 
 def sustained(res: Round, ttft_ms: float, max_added_ms: float) -> tuple[bool, float]:

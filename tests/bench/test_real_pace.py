@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from bench.fake_upstream import Behaviour, start_in_thread
-from bench.real_pace import Round, cpu_busy, open_loop, pct, sustained
+from bench.real_pace import Round, _spans, cpu_busy, open_loop, pct, sustained
 
 
 def test_paced_upstream_and_open_loop_client() -> None:
@@ -44,3 +44,12 @@ def test_cpu_busy_counts_up() -> None:
     sum(range(2_000_000))
     busy1, total1 = cpu_busy(0)
     assert 0 <= busy0 <= busy1 and total0 <= total1 and busy0 <= total0
+
+
+def test_refusals_are_timed_from_the_rounds_start() -> None:
+    with start_in_thread(Behaviour(tokens=2, fail_status=503, fail_ratio=0.5)) as up:
+        result = asyncio.run(open_loop(up.port, rate=20.0, duration=0.5, tokens=2))
+    assert result.statuses == {200: 5, 503: 5}
+    # Every other request was refused: due 0.05 s, 0.15 s, ... after the start (as sent).
+    assert [round(t, 2) for t in result.refused_at] == [0.05, 0.15, 0.25, 0.35, 0.45]
+    assert _spans([0.093, 0.095, 0.1, 0.195, 0.2, 0.5]) == "0.093-0.100 (3), 0.195-0.200 (2), 0.500"
