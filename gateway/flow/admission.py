@@ -8,8 +8,8 @@ A request that would wait past `queue_timeout_s` (estimated from the requests ah
 pool's observed drain rate, or in slow start the pace at which the limit grows, whichever is
 faster) is refused at once instead of timing out later: the client hears "retry in N s" within
 milliseconds. Before the pool's first sample nothing is known of the engines' pace and the estimate
-assumes the slowest they may be (a slot per target): a cold burst beyond the limit is refused. Every refusal carries a Retry-After computed from the same queue and
-rate, never a constant.
+assumes the slowest they may be (a slot per target): a cold burst beyond the limit is refused.
+Every refusal carries a Retry-After computed from the same queue and rate, never a constant.
 
 A request that did get into the queue was promised service within the timeout, so when the
 estimate proves too hopeful (usually because the limit was cut while it waited) it is sent at its
