@@ -116,6 +116,9 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)  # unwind: release the lease, abort uploads
+    # Explicit for SIGINT too: a shell that starts us in the background leaves SIGINT ignored,
+    # and Python keeps it so; `kill -INT` must still stop a pull cleanly (exit 130).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         run(args)
     except SettingsError as exc:

@@ -20,17 +20,9 @@ pytestmark = pytest.mark.s3
 FAST_LEASE = {"MODEL_STORE_LEASE_POLL_S": "0.1", "MODEL_STORE_PART_SIZE": PART}
 
 
-# A suite started in the background by a non-interactive shell (`make test &`) inherits SIGINT
-# ignored, and Python then keeps ignoring it, so Ctrl-C would never reach the pull. A terminal's
-# pull turns SIGINT into KeyboardInterrupt; this one is made to as well, in the child, at start
-# (not with preexec_fn, which runs Python between fork and exec in a threaded test process).
-_PULL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-         "sys.argv[0] = 'model_store'; runpy.run_module('model_store', run_name='__main__')")
-
-
 def _start(s3: S3Env, pushed: Pushed, dest: Path, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", _PULL, "pull", pushed.url, str(dest)],
+        [sys.executable, "-m", "model_store", "pull", pushed.url, str(dest)],
         env=s3.env(**FAST_LEASE, **env), cwd=REPO, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
