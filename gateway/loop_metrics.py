@@ -11,6 +11,7 @@ thread may read a histogram between its bucket and its sum, as prometheus_client
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
@@ -60,6 +61,7 @@ class HistogramValue:
 
 
 V = TypeVar("V", CounterValue, GaugeValue, HistogramValue)
+Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily
 
 
 class _Family(Collector, Generic[V]):
@@ -74,8 +76,11 @@ class _Family(Collector, Generic[V]):
         if registry is not None:
             registry.register(self)
 
-    def _new(self) -> V:
-        raise NotImplementedError
+    @abstractmethod
+    def _new(self) -> V: ...
+
+    @abstractmethod
+    def _family(self, children: Iterable[tuple[tuple[str, ...], V]]) -> Family: ...
 
     def labels(self, *values: str) -> V:
         child = self._children.get(values)
@@ -85,41 +90,38 @@ class _Family(Collector, Generic[V]):
             child = self._children[values] = self._new()
         return child
 
-    def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily
-                                   | HistogramMetricFamily]:
-        yield from self._families()
+    def describe(self) -> Iterator[Family]:
+        yield self._family(())
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily
-                                  | HistogramMetricFamily]:
-        yield from self._families(list(self._children.items()))
+    def collect(self) -> Iterator[Family]:
+        yield self._family(list(self._children.items()))
 
-    def _families(self, children: list[tuple[tuple[str, ...], V]] | None = None
-                  ) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
-        raise NotImplementedError
+
+S = TypeVar("S", CounterMetricFamily, GaugeMetricFamily)
+
+
+def _filled(family: S, children: Iterable[tuple[tuple[str, ...], CounterValue]]) -> S:
+    for key, child in children:
+        family.add_metric(list(key), child.value)
+    return family
 
 
 class LoopCounter(_Family[CounterValue]):
     def _new(self) -> CounterValue:
         return CounterValue()
 
-    def _families(self, children: list[tuple[tuple[str, ...], CounterValue]] | None = None
-                  ) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
-        for key, child in children or ():
-            family.add_metric(list(key), child.value)
-        yield family
+    def _family(self, children: Iterable[tuple[tuple[str, ...], CounterValue]]) -> Family:
+        return _filled(CounterMetricFamily(self._name, self._doc, labels=self._labelnames),
+                       children)
 
 
 class LoopGauge(_Family[GaugeValue]):
     def _new(self) -> GaugeValue:
         return GaugeValue()
 
-    def _families(self, children: list[tuple[tuple[str, ...], GaugeValue]] | None = None
-                  ) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(self._name, self._doc, labels=self._labelnames)
-        for key, child in children or ():
-            family.add_metric(list(key), child.value)
-        yield family
+    def _family(self, children: Iterable[tuple[tuple[str, ...], GaugeValue]]) -> Family:
+        return _filled(GaugeMetricFamily(self._name, self._doc, labels=self._labelnames),
+                       children)
 
 
 class LoopHistogram(_Family[HistogramValue]):
@@ -132,13 +134,12 @@ class LoopHistogram(_Family[HistogramValue]):
     def _new(self) -> HistogramValue:
         return HistogramValue(self._bounds)
 
-    def _families(self, children: list[tuple[tuple[str, ...], HistogramValue]] | None = None
-                  ) -> Iterator[HistogramMetricFamily]:
+    def _family(self, children: Iterable[tuple[tuple[str, ...], HistogramValue]]) -> Family:
         family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
-        for key, child in children or ():
+        for key, child in children:
             cumulative, acc = [], 0.0
             for edge, n in zip(self._edges, list(child.counts), strict=True):
                 acc += n
                 cumulative.append((edge, acc))
             family.add_metric(list(key), cumulative, child.sum)
-        yield family
+        return family
