@@ -12,12 +12,12 @@ into what uvicorn's ASGI cycle costs and what the gateway's own layers add.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
+from bench.floor_proxy import floor_args
 from gateway.settings import Timeouts
 from gateway.transport.h1 import H1Transport
 
@@ -65,11 +65,7 @@ class Relay:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.asgi_floor", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--port", type=int, required=True, help="port to listen on (127.0.0.1)")
-    p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the upstream server")
-    args = p.parse_args()
+    args = floor_args("bench.asgi_floor", __doc__)
     uvicorn.run(Relay(f"http://{args.upstream}"), host="127.0.0.1", port=args.port, loop="uvloop",
                 http="httptools", log_level="warning", access_log=False)
     return 0

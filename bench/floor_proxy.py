@@ -153,12 +153,17 @@ async def serve(port: int, upstream: tuple[str, int]) -> None:
         await server.serve_forever()
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.floor_proxy", description=__doc__,
+def floor_args(module: str, doc: str | None) -> argparse.Namespace:
+    """The floors' command line (this one, bench.asgi_floor, bench.task_floor): port, upstream."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, required=True, help="port to listen on (127.0.0.1)")
     p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the upstream server")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> int:
+    args = floor_args("bench.floor_proxy", __doc__)
     host, _, up_port = args.upstream.rpartition(":")
     import uvloop
 

@@ -12,12 +12,12 @@ task, post upstream, frame the response chunks) with no ASGI scope, messages or 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 
 import httptools
 
+from bench.floor_proxy import floor_args
 from gateway.settings import Timeouts
 from gateway.transport.h1 import H1Transport
 
@@ -104,11 +104,7 @@ async def _serve(port: int, upstream: str) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.task_floor", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--port", type=int, required=True, help="port to listen on (127.0.0.1)")
-    p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the upstream server")
-    args = p.parse_args()
+    args = floor_args("bench.task_floor", __doc__)
     import uvloop
 
     uvloop.run(_serve(args.port, args.upstream))
