@@ -190,16 +190,21 @@ def test_an_engine_crash_is_reported_and_its_orphans_are_killed(
     assert group_members(int(api)) == [] and not alive(int(child))
 
 
+def launch_polite(spawner: Spawner, model_dir: Path, pidfile: Path, *engine_args: str,
+                  env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """The launcher (5 s drain) around the fake engine that stops on SIGTERM, stderr captured."""
+    return spawner.start(
+        [sys.executable, str(RUN_LAUNCHER), str(model_dir), "5", "--",
+         sys.executable, str(FAKE_ENGINE), str(pidfile), "--polite", *engine_args],
+        stderr=subprocess.PIPE, env=env or {},
+    )
+
+
 def test_nice_lowers_the_engine_sessions_priority(
     tmp_path: Path, spawner: Spawner, make_model_dir: ModelDirFactory
 ) -> None:
     pidfile = tmp_path / "pids"
-    launcher = spawner.start(
-        [sys.executable, str(RUN_LAUNCHER), str(make_model_dir()), "5", "--",
-         sys.executable, str(FAKE_ENGINE), str(pidfile), "--polite"],
-        stderr=subprocess.PIPE,
-        env={"WORKER_NICE": "7"},
-    )
+    launcher = launch_polite(spawner, make_model_dir(), pidfile, env={"WORKER_NICE": "7"})
     api, child = read_pids(pidfile, launcher)
     spawner.track(api)
     assert os.getpriority(os.PRIO_PROCESS, api) == 7
@@ -230,13 +235,9 @@ def test_a_cpu_engine_starts_on_its_bind_and_gets_the_cpus_back_once_it_serves(
     mine = _allowed(0)
     bind = min(mine)
     port = free_port()
-    launcher = spawner.start(
-        [sys.executable, str(RUN_LAUNCHER), str(make_model_dir()), "5", "--",
-         sys.executable, str(FAKE_ENGINE), str(pidfile), "--polite", "--worker-title",
-         "--serve-port", str(port)],
-        stderr=subprocess.PIPE,
-        env={"ENGINE_BIND": str(bind), "WORKER_PORT": str(port), "WORKER_HOST": "127.0.0.1"},
-    )
+    launcher = launch_polite(
+        spawner, make_model_dir(), pidfile, "--worker-title", "--serve-port", str(port),
+        env={"ENGINE_BIND": str(bind), "WORKER_PORT": str(port), "WORKER_HOST": "127.0.0.1"})
     api, worker = read_pids(pidfile, launcher)
     spawner.track(api)
     core = int(pidfile.with_suffix(".core").read_text(encoding="utf-8"))
@@ -267,11 +268,7 @@ def test_an_engine_without_a_bind_starts_on_every_cpu(
     tmp_path: Path, spawner: Spawner, make_model_dir: ModelDirFactory
 ) -> None:
     pidfile = tmp_path / "pids"
-    launcher = spawner.start(
-        [sys.executable, str(RUN_LAUNCHER), str(make_model_dir()), "5", "--",
-         sys.executable, str(FAKE_ENGINE), str(pidfile), "--polite"],
-        stderr=subprocess.PIPE,
-    )
+    launcher = launch_polite(spawner, make_model_dir(), pidfile)
     api, _ = read_pids(pidfile, launcher)
     spawner.track(api)
     assert _allowed(api) == _allowed(0)
