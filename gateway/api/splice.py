@@ -24,6 +24,11 @@ from typing import Protocol
 
 from gateway.api.sse import DONE_EVENT, EVENT_END, USAGE_KEY, SseRelay
 
+# A frame's last bytes when it holds whole events (an event's end, then the chunk's CRLF).
+_FRAME_END = EVENT_END + b"\r\n"
+_DONE_FRAME = DONE_EVENT + b"\r\n"
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+
 # The scope key under which a server offers a ClientWriter for the current request.
 WRITER_KEY = "llmserve.client_writer"
 
@@ -85,6 +90,33 @@ class Splice:
         self.last = last
         self.final = b""
         self.blocked = False
+
+    def frame(self, data: bytes, now: float) -> bool | None:
+        """A read that may be one whole chunk frame (transport.base.FrameSink): the common case of
+        `__call__`, with the upstream's own framing written through unchanged. None for anything
+        else (several frames, a partial one, a chunk extension, usage, [DONE], a held event)."""
+        end = data.find(b"\r\n", 0, 18)
+        if (end <= 0 or not data.endswith(_FRAME_END) or self._relay.pending
+                or USAGE_KEY in data or data.endswith(_DONE_FRAME)):
+            return None
+        size = data[:end]
+        # Hex digits only, as HTTP/1.1 and the transport's parser require (int() would also take
+        # a sign, spaces, underscores or 0x), and the size must be the payload's: the frame then
+        # goes to the client as it came.
+        if size.translate(None, _HEX_DIGITS) or int(size, 16) != len(data) - end - 4:
+            return None
+        self.gaps.append(now - self.last)
+        self.last = now
+        extra = data.count(EVENT_END, end + 2) - 1
+        if extra > 0:
+            self.gaps += [0.0] * extra
+        if self._closing():
+            return True  # as uvicorn's send: dropped; the disconnect cancels the relay
+        self._write(data)
+        if self._flow.write_paused:
+            self.blocked = True
+            return False
+        return True
 
     def __call__(self, chunk: bytes) -> bool:
         # SseRelay.feed's common case inlined (whole events, no usage, not the end): the same four

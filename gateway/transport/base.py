@@ -14,6 +14,25 @@ from typing import Protocol
 BodySink = Callable[[bytes], bool]
 
 
+class FrameSink(Protocol):
+    """A BodySink that may also take a read of a chunked body whole, before it is parsed.
+
+    At a real decode pace each upstream read is exactly one chunk frame (`<hex>\\r\\n<one SSE
+    event>\\r\\n`). A sink that writes chunked framing itself can forward such a frame
+    unchanged, which spares the parse, a callback and a re-framing per event. The transport
+    offers a read only while its parser stands between two chunks, so a frame the sink takes
+    leaves the parser where it was.
+    """
+
+    def __call__(self, chunk: bytes) -> bool: ...
+
+    def frame(self, data: bytes, now: float) -> bool | None:
+        """None: not one whole frame this sink takes (the transport parses it and calls the
+        sink with its body). Otherwise the frame was consumed, and the result is as `__call__`'s.
+        `now` is the read's time (the transport's clock, read once per event)."""
+        ...
+
+
 class UpstreamResponse(Protocol):
     status: int
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Mapping
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
 
 from gateway.errors import UpstreamFailed, UpstreamTimeout
 from gateway.settings import Timeouts
-from gateway.transport.base import BodySink
+from gateway.transport.base import BodySink, FrameSink
 from gateway.transport.deadline import Deadline
 
 # Unread upstream bytes held per stream before we stop reading the socket (back-pressure).
@@ -52,6 +53,10 @@ class _Conn(asyncio.Protocol):
         # Push mode (`push`): each read's body goes straight to this sink from data_received.
         self._sink: BodySink | None = None
         self._sink_stopped = False
+        # The sink's whole-frame entry (FrameSink.frame), offered each read while the parser
+        # stands between two chunks of a chunked body (`_between_chunks`, from its callbacks).
+        self._frame: FrameSink | None = None
+        self._between_chunks = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -65,6 +70,20 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def data_received(self, data: bytes) -> None:
+        framed = self._frame
+        if framed is not None and self._between_chunks:
+            now = self._loop.time()
+            more = framed.frame(data, now)
+            if more is not None:
+                # Taken whole: the parser was not fed and still stands between two chunks.
+                d = self.deadline
+                if d is not None:
+                    d.last = now
+                if not more:
+                    self._sink = self._frame = None
+                    self._sink_stopped = True
+                    self._wake()
+                return
         self.got_bytes = True
         try:
             self._parser.feed_data(data)
@@ -82,7 +101,7 @@ class _Conn(asyncio.Protocol):
             if d is not None:
                 d.last = self._loop.time()
             if not sink(chunks[0] if len(chunks) == 1 else b"".join(chunks)):
-                self._sink = sink = None
+                self._sink = sink = self._frame = None
                 self._sink_stopped = True
         # In push mode the reader sleeps through the stream: wake it only when the sink stopped
         # (it is then unset) or the body ended or failed.
@@ -105,6 +124,13 @@ class _Conn(asyncio.Protocol):
         self._chunks.append(body)
         self._buffered += len(body)
 
+    def on_chunk_header(self) -> None:
+        self._between_chunks = False
+
+    def on_chunk_complete(self) -> None:
+        # Called after the chunk's closing CRLF: the next byte starts a chunk-size line.
+        self._between_chunks = True
+
     def on_message_complete(self) -> None:
         self._complete = True
 
@@ -125,6 +151,7 @@ class _Conn(asyncio.Protocol):
         self._complete = False
         self._error = None
         self.got_bytes = False
+        self._between_chunks = False
         self._parser = httptools.HttpResponseParser(self)
         self._head = self._loop.create_future()
         assert self.transport is not None
@@ -174,13 +201,14 @@ class _Conn(asyncio.Protocol):
             if self._error is not None:
                 raise self.failure()
             self._sink = sink
+            self._frame = cast("FrameSink", sink) if hasattr(sink, "frame") else None
             self._sink_stopped = False
             self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-                self._sink = None
+                self._sink = self._frame = None
             if self._sink_stopped:
                 return
 

@@ -86,6 +86,51 @@ def test_a_full_client_buffer_stops_the_feed_after_writing() -> None:
     assert s.blocked and w.written == [b"data: a\n\n", b"data: b\n\n"]
 
 
+def test_a_whole_frame_is_written_as_it_came_and_timed() -> None:
+    w, gaps, clock = Writer(), [], [0.0]
+    s = splice(w, gaps, clock)
+    frame = b"0012\r\ndata: a\n\ndata: B\n\n\r\n"  # leading zeros are valid HTTP/1.1
+    assert s.frame(frame, 0.02) is True
+    assert w.frames == [frame]
+    assert s.frame(b"9\r\ndata: c\n\n\r\n", 0.05) is True
+    assert w.written == [b"data: a\n\ndata: B\n\n", b"data: c\n\n"]
+    assert gaps == pytest.approx([0.02, 0.0, 0.03])  # the second event of a frame arrived with it
+
+
+@pytest.mark.parametrize("read", [
+    b"9\r\ndata: a\n\n\r\n9\r\ndata: b\n\n\r\n",  # two frames: the parser's
+    b"9\r\ndata: a\n\n",  # half a frame
+    b"9;x=1\r\ndata: a\n\n\r\n",  # a chunk extension
+    b"+9\r\ndata: a\n\n\r\n",  # int() takes these; HTTP/1.1 does not
+    b"0x9\r\ndata: a\n\n\r\n",
+    b" 9\r\ndata: a\n\n\r\n",
+    b"8\r\ndata: a\n\n\r\n",  # the size is not the payload's
+    b"7\r\ndata: a\r\n",  # not whole events
+    b"f\r\ndata: [DONE]\n\n\r\n",  # the end: the proxy sends it itself
+    b'1a\r\ndata: {"usage":null}\n\n\r\n',  # usage: recorded by the relay
+    b"0\r\n\r\n",  # the last chunk
+])
+def test_anything_but_one_frame_of_plain_events_is_left_to_the_parser(read: bytes) -> None:
+    w, gaps, clock = Writer(), [], [0.0]
+    s = splice(w, gaps, clock)
+    assert s.frame(read, 0.02) is None
+    assert w.frames == [] and gaps == []
+
+
+def test_a_frame_after_half_an_event_is_left_to_the_parser() -> None:
+    w, gaps, clock = Writer(), [], [0.0]
+    s = splice(w, gaps, clock)
+    assert s(b"data: a") is True  # held by the relay until its end arrives
+    assert s.frame(b"9\r\ndata: b\n\n\r\n", 0.02) is None
+
+
+def test_a_whole_frame_to_a_full_buffer_stops_the_feed() -> None:
+    w, gaps, clock = Writer(room=1), [], [0.0]
+    s = splice(w, gaps, clock)
+    assert s.frame(b"9\r\ndata: a\n\n\r\n", 0.02) is False
+    assert s.blocked and w.written == [b"data: a\n\n"]
+
+
 def read_chunked_stream(sock: socket.socket) -> bytes:
     """The body of one chunked HTTP response, framing checked chunk by chunk."""
     buf = b""
