@@ -133,6 +133,8 @@ class _Conn(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._complete = True
+        # Bytes after the body are not this response's: never offered to the sink as a frame.
+        self._between_chunks = False
 
     # -- used by the response --------------------------------------------------------------------
 

@@ -152,3 +152,13 @@ def test_a_read_inside_a_chunk_is_parsed_even_when_it_looks_like_a_whole_frame()
     assert got == b"data: 0\n\n" + inner + DONE
     assert sink.taken == 0
     assert conn.reusable()
+
+
+def test_bytes_after_the_body_are_never_taken_as_a_frame() -> None:
+    # The terminator and a stray frame-shaped read arrive before the pushing task runs again: the
+    # sink is still installed, but the response is over, so the stray bytes are not relayed.
+    reads = [frame(b"data: 0\n\n", "lower"), frame(b"data: 1\n\n", "lower"), b"0\r\n\r\n",
+             frame(b"data: stray\n\n", "lower")]
+    got, _, writer, _ = asyncio.run(relay(reads))
+    assert got == b"data: 0\n\ndata: 1\n\n"
+    assert not any(b"stray" in f for f in writer.frames)
