@@ -19,6 +19,38 @@ from gateway.settings import GatewaySettings
 from tests.ports import free_port
 
 
+class ClientWriter:
+    """A ClientWriter (gateway/api/splice.py) over a recording transport; its buffer is full
+    after `room` writes."""
+
+    def __init__(self, room: int = 1_000) -> None:
+        self.room = room
+        self.frames: list[bytes] = []
+        self.transport = self
+        self.flow = self
+        self.write_paused = False
+
+    @property
+    def written(self) -> list[bytes]:
+        """The bodies written, unframed (each frame checked)."""
+        out = []
+        for frame in self.frames:
+            size, _, rest = frame.partition(b"\r\n")
+            assert rest.endswith(b"\r\n") and int(size, 16) == len(rest) - 2
+            out.append(rest[:-2])
+        return out
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, frame: bytes) -> None:
+        self.frames.append(frame)
+        self.write_paused = len(self.frames) >= self.room
+
+    async def drain(self) -> None:
+        return None
+
+
 class RunningGateway:
     def __init__(self, url: str, app: Any) -> None:
         self.url = url

@@ -12,49 +12,18 @@ import pytest
 from gateway.api import stream
 from gateway.api.splice import Splice
 from gateway.api.sse import SseRelay
-from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.gateway.conftest import ClientWriter, UpstreamFactory, run_gateway, url_of
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
 
-class Writer:
-    """A ClientWriter over a recording transport; its buffer is full after `room` writes."""
-
-    def __init__(self, room: int = 1_000) -> None:
-        self.room = room
-        self.frames: list[bytes] = []
-        self.transport = self
-        self.flow = self
-        self.write_paused = False
-
-    @property
-    def written(self) -> list[bytes]:
-        """The bodies written, unframed (each frame checked)."""
-        out = []
-        for frame in self.frames:
-            size, _, rest = frame.partition(b"\r\n")
-            assert rest.endswith(b"\r\n") and int(size, 16) == len(rest) - 2
-            out.append(rest[:-2])
-        return out
-
-    def is_closing(self) -> bool:
-        return False
-
-    def write(self, frame: bytes) -> None:
-        self.frames.append(frame)
-        self.write_paused = len(self.frames) >= self.room
-
-    async def drain(self) -> None:
-        return None
-
-
-def splice(writer: Writer, gaps: list[float], clock: list[float]) -> Splice:
+def splice(writer: ClientWriter, gaps: list[float], clock: list[float]) -> Splice:
     return Splice(SseRelay(strip_usage=True), writer, gaps, 0.0,  # type: ignore[arg-type]
                   lambda: clock[0])
 
 
 def test_whole_events_are_written_and_timed_partial_ones_held() -> None:
-    w, gaps, clock = Writer(), [], [0.0]
+    w, gaps, clock = ClientWriter(), [], [0.0]
     s = splice(w, gaps, clock)
     clock[0] = 0.02
     assert s(b"data: a\n\n") is True
@@ -68,7 +37,7 @@ def test_whole_events_are_written_and_timed_partial_ones_held() -> None:
 
 
 def test_done_is_kept_for_asgi_and_usage_stripped() -> None:
-    w, gaps, clock = Writer(), [], [0.0]
+    w, gaps, clock = ClientWriter(), [], [0.0]
     s = splice(w, gaps, clock)
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
     assert s(b"data: a\n\n") is True
@@ -79,7 +48,7 @@ def test_done_is_kept_for_asgi_and_usage_stripped() -> None:
 
 
 def test_a_full_client_buffer_stops_the_feed_after_writing() -> None:
-    w, gaps, clock = Writer(room=2), [], [0.0]
+    w, gaps, clock = ClientWriter(room=2), [], [0.0]
     s = splice(w, gaps, clock)
     assert s(b"data: a\n\n") is True
     assert s(b"data: b\n\n") is False  # written, but the buffer is full now
@@ -87,7 +56,7 @@ def test_a_full_client_buffer_stops_the_feed_after_writing() -> None:
 
 
 def test_a_whole_frame_is_written_as_it_came_and_timed() -> None:
-    w, gaps, clock = Writer(), [], [0.0]
+    w, gaps, clock = ClientWriter(), [], [0.0]
     s = splice(w, gaps, clock)
     frame = b"0012\r\ndata: a\n\ndata: B\n\n\r\n"  # leading zeros are valid HTTP/1.1
     assert s.frame(frame, 0.02) is True
@@ -111,21 +80,21 @@ def test_a_whole_frame_is_written_as_it_came_and_timed() -> None:
     b"0\r\n\r\n",  # the last chunk
 ])
 def test_anything_but_one_frame_of_plain_events_is_left_to_the_parser(read: bytes) -> None:
-    w, gaps, clock = Writer(), [], [0.0]
+    w, gaps, clock = ClientWriter(), [], [0.0]
     s = splice(w, gaps, clock)
     assert s.frame(read, 0.02) is None
     assert w.frames == [] and gaps == []
 
 
 def test_a_frame_after_half_an_event_is_left_to_the_parser() -> None:
-    w, gaps, clock = Writer(), [], [0.0]
+    w, gaps, clock = ClientWriter(), [], [0.0]
     s = splice(w, gaps, clock)
     assert s(b"data: a") is True  # held by the relay until its end arrives
     assert s.frame(b"9\r\ndata: b\n\n\r\n", 0.02) is None
 
 
 def test_a_whole_frame_to_a_full_buffer_stops_the_feed() -> None:
-    w, gaps, clock = Writer(room=1), [], [0.0]
+    w, gaps, clock = ClientWriter(room=1), [], [0.0]
     s = splice(w, gaps, clock)
     assert s.frame(b"9\r\ndata: a\n\n\r\n", 0.02) is False
     assert s.blocked and w.written == [b"data: a\n\n"]

@@ -3,7 +3,7 @@ taken whole must leave the parser where it was, so whatever the framing and howe
 split into reads, the client gets exactly the upstream's events and the connection stays reusable.
 
 The upstream socket is the seam here (a recording transport, reads fed to `data_received`); the
-sink is the real Splice over the recording client writer of tests/gateway/api/test_splice.py.
+sink is the real Splice over the recording client writer of tests/gateway/conftest.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gateway.api.splice import Splice
 from gateway.api.sse import SseRelay
 from gateway.errors import UpstreamFailed
 from gateway.transport.h1 import _Conn, _Pool
-from tests.gateway.api.test_splice import Writer
+from tests.gateway.conftest import ClientWriter
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
@@ -63,7 +63,7 @@ def frame(payload: bytes, style: str) -> bytes:
     return size % len(payload) + b"\r\n" + payload + b"\r\n"
 
 
-async def relay(reads: list[bytes]) -> tuple[bytes, CountingSplice, Writer, _Conn]:
+async def relay(reads: list[bytes]) -> tuple[bytes, CountingSplice, ClientWriter, _Conn]:
     """Head, then `reads` fed one by one to a pushing connection; the last read ends the body."""
     loop = asyncio.get_running_loop()
     conn = _Conn(_Pool("127.0.0.1", 1, loop))
@@ -71,7 +71,7 @@ async def relay(reads: list[bytes]) -> tuple[bytes, CountingSplice, Writer, _Con
     head = conn.start(b"POST / HTTP/1.1\r\n\r\n")
     conn.data_received(HEAD)
     await head
-    writer = Writer()
+    writer = ClientWriter()
     sink = CountingSplice(SseRelay(strip_usage=False), writer, [], 0.0,  # type: ignore[arg-type]
                           loop.time)
     pushing = asyncio.ensure_future(conn.push(sink))
