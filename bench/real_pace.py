@@ -131,13 +131,15 @@ async def _one(port: int, raw: bytes, due: float, idle: list[tuple[asyncio.Strea
         w.close()
 
 
-async def open_loop(port: int, rate: float, duration: float, tokens: int) -> Round:
-    """`rate` requests/s at fixed intervals for `duration`; never waits for an answer to send."""
+async def open_loop(port: int, rate: float, duration: float, tokens: int,
+                    offset: float = 0.0) -> Round:
+    """`rate` requests/s at fixed intervals for `duration`; never waits for an answer to send.
+    `offset`: the fraction of an interval to wait before the first request."""
     out = Round()
     raw = _request(port, tokens)
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     tasks: list[asyncio.Task[None]] = []
-    start_t = time.perf_counter()
+    start_t = time.perf_counter() + offset / rate
     n = int(rate * duration)
     for i in range(n):
         due = start_t + i / rate
