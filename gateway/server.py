@@ -27,6 +27,7 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
+from gateway import speedups
 from gateway.app import GatewayState, build_app
 from gateway.edge import Edge, EdgeProtocol, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
@@ -101,6 +102,10 @@ def run(settings: GatewaySettings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    if not speedups.COMPILED:
+        # Correct, but each streamed event then runs Python (gateway/speedups.py says why).
+        log.warning("the relay's C extension is not in use (built: %s); running its Python twins",
+                    speedups.BUILT)
     app = build_app(settings)
     state = app.state
     edge = Edge(settings.edge, state.metrics)

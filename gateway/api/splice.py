@@ -23,11 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from gateway.api.sse import DONE_EVENT, EVENT_END, USAGE_KEY, SseRelay
-
-# A frame's last bytes when it holds whole events (an event's end, then the chunk's CRLF).
-_FRAME_END = EVENT_END + b"\r\n"
-_DONE_FRAME = DONE_EVENT + b"\r\n"
-_HEX_DIGITS = b"0123456789abcdefABCDEF"
+from gateway.speedups import FrameSplice
 
 # The scope key under which a server offers a ClientWriter for the current request.
 WRITER_KEY = "llmserve.client_writer"
@@ -66,7 +62,7 @@ class ClientWriter(Protocol):
         ...
 
 
-class Splice:
+class Splice(FrameSplice):
     """The sink the upstream transport feeds (transport.base.BodySink): relay, time, write.
 
     `gaps` collects the inter-token gaps as the pull path does (one per chunk, 0 for each further
@@ -75,8 +71,9 @@ class Splice:
     full (`blocked`), for the proxy to wait on `drain` and push again.
     """
 
-    __slots__ = ("_closing", "_feed", "_flow", "_now", "_relay", "_write", "blocked", "final",
-                 "gaps", "last")
+    # `frame`, the whole-frame entry, and the slots it reads are FrameSplice's (gateway/speedups.py:
+    # C when built): an event that arrives as one whole frame runs no Python.
+    __slots__ = ("_feed", "_now", "final")
 
     def __init__(self, relay: SseRelay, writer: ClientWriter, gaps: list[float], last: float,
                  now: Callable[[], float]) -> None:
@@ -90,34 +87,6 @@ class Splice:
         self.last = last
         self.final = b""
         self.blocked = False
-
-    def frame(self, data: bytes, now: float) -> bool | None:
-        """A read that may be one whole chunk frame (transport.base.FrameSink): the common case of
-        `__call__`, with the upstream's own framing written through unchanged. None for anything
-        else (several frames, a partial one, a chunk extension, usage, [DONE], a held event).
-        Its tail repeats `__call__`'s on purpose: a shared helper is one more call per event."""
-        end = data.find(b"\r\n", 0, 18)
-        if (end <= 0 or not data.endswith(_FRAME_END) or self._relay.pending
-                or USAGE_KEY in data or data.endswith(_DONE_FRAME)):
-            return None
-        size = data[:end]
-        # Hex digits only, as HTTP/1.1 and the transport's parser require (int() would also take
-        # a sign, spaces, underscores or 0x), and the size must be the payload's: the frame then
-        # goes to the client as it came.
-        if size.translate(None, _HEX_DIGITS) or int(size, 16) != len(data) - end - 4:
-            return None
-        self.gaps.append(now - self.last)
-        self.last = now
-        extra = data.count(EVENT_END, end + 2) - 1
-        if extra > 0:
-            self.gaps += [0.0] * extra
-        if self._closing():
-            return True  # as uvicorn's send: dropped; the disconnect cancels the relay
-        self._write(data)
-        if self._flow.write_paused:
-            self.blocked = True
-            return False
-        return True
 
     def __call__(self, chunk: bytes) -> bool:
         # SseRelay.feed's common case inlined (whole events, no usage, not the end): the same four

@@ -2,14 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from gateway.routing.affinity import PrefixAffinity
 from gateway.routing.discovery.base import Discovery
 from gateway.routing.discovery.dns import Dns
 from gateway.routing.discovery.static import Static
-from gateway.routing.policy import RoutingPolicy, make_policy
+from gateway.routing.policy import LeastOutstanding, RoundRobin, RoutingPolicy
 from gateway.routing.probe import Prober
 from gateway.routing.retry_budget import RetryBudget
 from gateway.routing.router import Router
-from gateway.settings import GatewaySettings
+from gateway.settings import AffinitySettings, GatewaySettings
+
+# By name (GATEWAY_ROUTING_POLICY, GATEWAY_ROUTING_POLICIES). Here, not in policy.py: affinity.py
+# builds on policy.py's LeastOutstanding, and a registry there would import it back.
+_POLICIES: dict[str, Callable[[AffinitySettings | None], RoutingPolicy]] = {
+    "least_outstanding": lambda _: LeastOutstanding(),
+    "round_robin": lambda _: RoundRobin(),
+    "prefix_affinity": PrefixAffinity,
+}
+
+
+def policy_names() -> list[str]:
+    return sorted(_POLICIES)
+
+
+def make_policy(name: str, affinity: AffinitySettings | None = None) -> RoutingPolicy:
+    """A fresh policy object by name (policies keep state, e.g. the rotation)."""
+    try:
+        factory = _POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"GATEWAY_ROUTING_POLICY: unknown policy {name!r}; choose one of {policy_names()}"
+        ) from None
+    return factory(affinity)
 
 
 def build_discovery(settings: GatewaySettings) -> Discovery:

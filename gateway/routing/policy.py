@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from gateway.routing.backend import Backend
-
-if TYPE_CHECKING:
-    from gateway.settings import AffinitySettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,32 +83,3 @@ class RoundRobin:
             return None
         self._turn += 1
         return candidates[self._turn % len(candidates)]
-
-
-def _prefix_affinity(settings: AffinitySettings | None) -> RoutingPolicy:
-    # Imported here: affinity.py builds on LeastOutstanding from this module.
-    from gateway.routing.affinity import PrefixAffinity
-
-    return PrefixAffinity(settings)
-
-
-_POLICIES: dict[str, Callable[[AffinitySettings | None], RoutingPolicy]] = {
-    "least_outstanding": lambda _: LeastOutstanding(),
-    "round_robin": lambda _: RoundRobin(),
-    "prefix_affinity": _prefix_affinity,
-}
-
-
-def policy_names() -> list[str]:
-    return sorted(_POLICIES)
-
-
-def make_policy(name: str, affinity: AffinitySettings | None = None) -> RoutingPolicy:
-    """A fresh policy object by name (policies keep state, e.g. the rotation)."""
-    try:
-        factory = _POLICIES[name]
-    except KeyError:
-        raise ValueError(
-            f"GATEWAY_ROUTING_POLICY: unknown policy {name!r}; choose one of {policy_names()}"
-        ) from None
-    return factory(affinity)

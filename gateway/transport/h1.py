@@ -23,6 +23,7 @@ import httptools
 
 from gateway.errors import UpstreamFailed, UpstreamTimeout
 from gateway.settings import Timeouts
+from gateway.speedups import FrameEntry
 from gateway.transport.base import BodySink, FrameSink
 from gateway.transport.deadline import Deadline
 
@@ -31,12 +32,13 @@ _HIGH_WATER = 256 * 1024
 _LOW_WATER = 64 * 1024
 
 
-class _Conn(asyncio.Protocol):
+class _Conn(FrameEntry, asyncio.Protocol):
     """One upstream connection; carries one request at a time."""
 
     def __init__(self, pool: _Pool) -> None:
         self._pool = pool
         self._loop = pool.loop
+        self._time = pool.loop.time
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.status = 0
@@ -69,21 +71,17 @@ class _Conn(asyncio.Protocol):
             self._error = "connection closed by the replica"
         self._wake()
 
-    def data_received(self, data: bytes) -> None:
-        framed = self._frame
-        if framed is not None and self._between_chunks:
-            now = self._loop.time()
-            more = framed.frame(data, now)
-            if more is not None:
-                # Taken whole: the parser was not fed and still stands between two chunks.
-                d = self.deadline
-                if d is not None:
-                    d.last = now
-                if not more:
-                    self._sink = self._frame = None
-                    self._sink_stopped = True
-                    self._wake()
-                return
+    # data_received is FrameEntry's (gateway/speedups.py: C when built): a read that is one whole
+    # chunk frame goes to the armed sink's `frame` without running Python; any other read is
+    # parsed here.
+
+    def _frame_stopped(self) -> None:
+        # The sink took a whole frame and stopped being fed (the client's buffer is full).
+        self._sink = self._frame = None
+        self._sink_stopped = True
+        self._wake()
+
+    def _parse(self, data: bytes) -> None:
         self.got_bytes = True
         try:
             self._parser.feed_data(data)

@@ -5,7 +5,8 @@ from collections import Counter
 import pytest
 
 from gateway.routing.backend import Backend
-from gateway.routing.policy import LeastOutstanding, RouteRequest, make_policy, policy_names
+from gateway.routing.factory import make_policy, policy_names
+from gateway.routing.policy import LeastOutstanding, RouteRequest
 
 REQ = RouteRequest("m")
 

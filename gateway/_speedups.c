@@ -1,0 +1,346 @@
+/* The streamed relay's per-event path in C: what runs once per SSE event at a real decode pace.
+
+Two base types, each the twin of a pure-Python class that stays the reference and the fallback
+(gateway/speedups.py): `FrameEntry`, the upstream connection's `data_received`, and
+`FrameSplice`, the relay's `frame`. Subclassed by gateway/transport/h1.py's connection and
+gateway/api/splice.py's Splice, which keep everything that runs once per request in Python.
+
+Why C: at a real pace each upstream read is one chunk frame holding one event, and the Python
+around that event (a frame for `data_received`, one for `frame`, their attribute reads) was the
+gateway's remaining per-event cost against vllm-router (docs/benchmarks.md, issue 16). Here an
+event that is one whole frame of whole events, without usage or [DONE], costs no Python frame:
+uvloop calls `data_received`, which checks the frame, stamps the inter-token gap and writes the
+upstream's frame to the client as it came. Anything else goes to the Python code as before.
+
+This file imports nothing from the gateway: any layer may use it. Behaviour must match the
+Python twins exactly; tests/gateway/test_speedups.py runs both on the same inputs.
+*/
+#define _GNU_SOURCE /* memmem */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <string.h>
+
+static PyObject *s_pending, *s_write_paused, *s_last, *s_parse, *s_frame, *s_frame_stopped;
+/* FrameSplice's own `frame` descriptor: a subclass that overrides `frame` is called through it. */
+static PyObject *c_frame_descr;
+
+/* ---- FrameSplice: the relay's whole-frame entry ---------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *relay;   /* the SseRelay: a held partial event (`pending`) refuses the frame */
+    PyObject *gaps;    /* list of float: inter-token gaps, one per event */
+    PyObject *write;   /* the client transport's write */
+    PyObject *closing; /* the client transport's is_closing */
+    PyObject *flow;    /* the server's write flow control (`write_paused`) */
+    double last;       /* the previous event's time */
+    char blocked;      /* stopped because the client's buffer is full */
+} FrameSplice;
+
+static PyTypeObject FrameSpliceType;
+
+static inline int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int truthy_attr(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* -1: not a frame this sink takes; 0: taken, stop feeding; 1: taken, go on; -2: error set. */
+static int splice_frame(FrameSplice *self, PyObject *data, double now)
+{
+    if (!PyBytes_CheckExact(data) || self->relay == NULL || self->gaps == NULL
+        || self->write == NULL || self->closing == NULL || self->flow == NULL
+        || !PyList_CheckExact(self->gaps))
+        return -1;
+    const char *p = PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data), i = 0;
+    /* The size line: 1-16 hex digits and CRLF, nothing else (no sign, space, 0x or extension). */
+    uint64_t size = 0;
+    while (i < n && i < 16) {
+        int v = hexval(p[i]);
+        if (v < 0) break;
+        size = size * 16 + (uint64_t)v;
+        i++;
+    }
+    if (i == 0 || i + 1 >= n || p[i] != '\r' || p[i + 1] != '\n') return -1;
+    Py_ssize_t start = i + 2;
+    /* The size is the payload's, and the payload is whole events followed by the chunk's CRLF. */
+    if (n - start < 2 || size != (uint64_t)(n - start - 2) || n < 4
+        || memcmp(p + n - 4, "\n\n\r\n", 4) != 0)
+        return -1;
+    const char *payload = p + start;
+    Py_ssize_t len = (Py_ssize_t)size;
+    int held = truthy_attr(self->relay, s_pending);
+    if (held < 0) return -2;
+    if (held) return -1;
+    if (memmem(payload, (size_t)len, "\"usage\":", 8) != NULL) return -1;
+    if (len >= 14 && memcmp(payload + len - 14, "data: [DONE]\n\n", 14) == 0) return -1;
+
+    /* One gap for the frame, 0 for each further event in it (as the parsed path records). */
+    PyObject *g = PyFloat_FromDouble(now - self->last);
+    if (g == NULL) return -2;
+    int rc = PyList_Append(self->gaps, g);
+    Py_DECREF(g);
+    if (rc < 0) return -2;
+    self->last = now;
+    Py_ssize_t events = 0;
+    const char *q = payload, *end = payload + len;
+    while (q < end && (q = memmem(q, (size_t)(end - q), "\n\n", 2)) != NULL) {
+        events++;
+        q += 2;
+    }
+    if (events > 1) {
+        PyObject *zero = PyFloat_FromDouble(0.0);
+        if (zero == NULL) return -2;
+        for (Py_ssize_t k = 1; k < events; k++) {
+            if (PyList_Append(self->gaps, zero) < 0) {
+                Py_DECREF(zero);
+                return -2;
+            }
+        }
+        Py_DECREF(zero);
+    }
+    /* As uvicorn's send: a closing client's event is dropped; the disconnect cancels the relay. */
+    PyObject *c = PyObject_CallNoArgs(self->closing);
+    if (c == NULL) return -2;
+    int closing = PyObject_IsTrue(c);
+    Py_DECREF(c);
+    if (closing < 0) return -2;
+    if (closing) return 1;
+    PyObject *r = PyObject_CallOneArg(self->write, data);
+    if (r == NULL) return -2;
+    Py_DECREF(r);
+    int paused = truthy_attr(self->flow, s_write_paused);
+    if (paused < 0) return -2;
+    if (paused) {
+        self->blocked = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *FrameSplice_frame(FrameSplice *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "frame(data, now) takes 2 arguments");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    switch (splice_frame(self, args[0], now)) {
+    case -2: return NULL;
+    case -1: Py_RETURN_NONE;
+    case 0: Py_RETURN_FALSE;
+    default: Py_RETURN_TRUE;
+    }
+}
+
+static int FrameSplice_traverse(FrameSplice *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->relay);
+    Py_VISIT(self->gaps);
+    Py_VISIT(self->write);
+    Py_VISIT(self->closing);
+    Py_VISIT(self->flow);
+    return 0;
+}
+
+static int FrameSplice_clear(FrameSplice *self)
+{
+    Py_CLEAR(self->relay);
+    Py_CLEAR(self->gaps);
+    Py_CLEAR(self->write);
+    Py_CLEAR(self->closing);
+    Py_CLEAR(self->flow);
+    return 0;
+}
+
+static void FrameSplice_dealloc(FrameSplice *self)
+{
+    PyObject_GC_UnTrack(self);
+    FrameSplice_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef FrameSplice_methods[] = {
+    {"frame", (PyCFunction)(void (*)(void))FrameSplice_frame, METH_FASTCALL,
+     "frame(data, now): a read taken whole (True/False, as __call__) or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef FrameSplice_members[] = {
+    {"_relay", T_OBJECT_EX, offsetof(FrameSplice, relay), 0, NULL},
+    {"gaps", T_OBJECT_EX, offsetof(FrameSplice, gaps), 0, NULL},
+    {"_write", T_OBJECT_EX, offsetof(FrameSplice, write), 0, NULL},
+    {"_closing", T_OBJECT_EX, offsetof(FrameSplice, closing), 0, NULL},
+    {"_flow", T_OBJECT_EX, offsetof(FrameSplice, flow), 0, NULL},
+    {"last", T_DOUBLE, offsetof(FrameSplice, last), 0, NULL},
+    {"blocked", T_BOOL, offsetof(FrameSplice, blocked), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject FrameSpliceType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gateway._speedups.FrameSplice",
+    .tp_doc = "The relay's whole-frame entry, in C (twin: gateway.speedups.PyFrameSplice).",
+    .tp_basicsize = sizeof(FrameSplice),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)FrameSplice_dealloc,
+    .tp_traverse = (traverseproc)FrameSplice_traverse,
+    .tp_clear = (inquiry)FrameSplice_clear,
+    .tp_methods = FrameSplice_methods,
+    .tp_members = FrameSplice_members,
+};
+
+/* ---- FrameEntry: the upstream connection's data_received ------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *frame;    /* the armed sink's whole-frame entry, or NULL/None */
+    PyObject *deadline; /* the request's Deadline (its `last` is the idle timer's), or None */
+    PyObject *time;     /* the loop's clock */
+    char between;       /* the parser stands between two chunks of a chunked body */
+} FrameEntry;
+
+static PyObject *FrameEntry_data_received(FrameEntry *self, PyObject *data)
+{
+    PyObject *sink = self->frame;
+    if (sink != NULL && sink != Py_None && self->between && self->time != NULL) {
+        PyObject *nowobj = PyObject_CallNoArgs(self->time);
+        if (nowobj == NULL) return NULL;
+        int more;
+        Py_INCREF(sink); /* the write below may run code that disarms it */
+        if (PyObject_TypeCheck(sink, &FrameSpliceType)
+            && _PyType_Lookup(Py_TYPE(sink), s_frame) == c_frame_descr) {
+            double now = PyFloat_AsDouble(nowobj);
+            more = (now == -1.0 && PyErr_Occurred()) ? -2
+                                                     : splice_frame((FrameSplice *)sink, data, now);
+        }
+        else {
+            PyObject *r = PyObject_CallMethodObjArgs(sink, s_frame, data, nowobj, NULL);
+            more = r == NULL ? -2 : r == Py_None ? -1 : PyObject_IsTrue(r);
+            Py_XDECREF(r);
+            if (more < -1) more = -2;
+        }
+        Py_DECREF(sink);
+        if (more == -2) {
+            Py_DECREF(nowobj);
+            return NULL;
+        }
+        if (more >= 0) {
+            /* Taken whole: the parser was not fed and still stands between two chunks. */
+            PyObject *d = self->deadline;
+            if (d != NULL && d != Py_None && PyObject_SetAttr(d, s_last, nowobj) < 0) {
+                Py_DECREF(nowobj);
+                return NULL;
+            }
+            Py_DECREF(nowobj);
+            if (!more) return PyObject_CallMethodNoArgs((PyObject *)self, s_frame_stopped);
+            Py_RETURN_NONE;
+        }
+        Py_DECREF(nowobj);
+    }
+    return PyObject_CallMethodOneArg((PyObject *)self, s_parse, data);
+}
+
+static int FrameEntry_traverse(FrameEntry *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->frame);
+    Py_VISIT(self->deadline);
+    Py_VISIT(self->time);
+    return 0;
+}
+
+static int FrameEntry_clear(FrameEntry *self)
+{
+    Py_CLEAR(self->frame);
+    Py_CLEAR(self->deadline);
+    Py_CLEAR(self->time);
+    return 0;
+}
+
+static void FrameEntry_dealloc(FrameEntry *self)
+{
+    PyObject_GC_UnTrack(self);
+    FrameEntry_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef FrameEntry_methods[] = {
+    {"data_received", (PyCFunction)FrameEntry_data_received, METH_O,
+     "asyncio.Protocol.data_received: a whole frame to the armed sink, else self._parse(data)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef FrameEntry_members[] = {
+    {"_frame", T_OBJECT, offsetof(FrameEntry, frame), 0, NULL},
+    {"deadline", T_OBJECT, offsetof(FrameEntry, deadline), 0, NULL},
+    {"_time", T_OBJECT, offsetof(FrameEntry, time), 0, NULL},
+    {"_between_chunks", T_BOOL, offsetof(FrameEntry, between), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject FrameEntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gateway._speedups.FrameEntry",
+    .tp_doc = "The connection's data_received, in C (twin: gateway.speedups.PyFrameEntry).",
+    .tp_basicsize = sizeof(FrameEntry),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)FrameEntry_dealloc,
+    .tp_traverse = (traverseproc)FrameEntry_traverse,
+    .tp_clear = (inquiry)FrameEntry_clear,
+    .tp_methods = FrameEntry_methods,
+    .tp_members = FrameEntry_members,
+};
+
+/* ---- the module ------------------------------------------------------------------------------ */
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT, "gateway._speedups",
+    "The streamed relay's per-event path in C (see gateway/_speedups.c).", -1, NULL,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void)
+{
+    if (PyType_Ready(&FrameSpliceType) < 0 || PyType_Ready(&FrameEntryType) < 0) return NULL;
+    s_pending = PyUnicode_InternFromString("pending");
+    s_write_paused = PyUnicode_InternFromString("write_paused");
+    s_last = PyUnicode_InternFromString("last");
+    s_parse = PyUnicode_InternFromString("_parse");
+    s_frame = PyUnicode_InternFromString("frame");
+    s_frame_stopped = PyUnicode_InternFromString("_frame_stopped");
+    if (!s_pending || !s_write_paused || !s_last || !s_parse || !s_frame || !s_frame_stopped)
+        return NULL;
+    c_frame_descr = PyDict_GetItemWithError(FrameSpliceType.tp_dict, s_frame);
+    if (c_frame_descr == NULL) return NULL;
+    PyObject *m = PyModule_Create(&speedups_module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&FrameSpliceType);
+    if (PyModule_AddObject(m, "FrameSplice", (PyObject *)&FrameSpliceType) < 0) {
+        Py_DECREF(&FrameSpliceType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&FrameEntryType);
+    if (PyModule_AddObject(m, "FrameEntry", (PyObject *)&FrameEntryType) < 0) {
+        Py_DECREF(&FrameEntryType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
