@@ -4,7 +4,7 @@
 #   docker build -f deploy/docker/platform.Dockerfile -t REGISTRY/llmserve/platform:0.1.0 .
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
-COPY pyproject.toml ./
+COPY pyproject.toml setup.py ./
 COPY gateway gateway
 COPY worker worker
 COPY model_store model_store
