@@ -57,13 +57,17 @@ static int truthy_attr(PyObject *obj, PyObject *name)
     return r;
 }
 
+/* An unset slot, read where the twin reads it: the same AttributeError. */
+static int missing(const char *name)
+{
+    PyErr_Format(PyExc_AttributeError, "'FrameSplice' object has no attribute '%s'", name);
+    return -2;
+}
+
 /* -1: not a frame this sink takes; 0: taken, stop feeding; 1: taken, go on; -2: error set. */
 static int splice_frame(FrameSplice *self, PyObject *data, double now)
 {
-    if (!PyBytes_CheckExact(data) || self->relay == NULL || self->gaps == NULL
-        || self->write == NULL || self->closing == NULL || self->flow == NULL
-        || !PyList_CheckExact(self->gaps))
-        return -1;
+    if (!PyBytes_CheckExact(data)) return -1;
     const char *p = PyBytes_AS_STRING(data);
     Py_ssize_t n = PyBytes_GET_SIZE(data), i = 0;
     /* The size line: 1-16 hex digits and CRLF, nothing else (no sign, space, 0x or extension). */
@@ -82,13 +86,22 @@ static int splice_frame(FrameSplice *self, PyObject *data, double now)
         return -1;
     const char *payload = p + start;
     Py_ssize_t len = (Py_ssize_t)size;
-    int held = truthy_attr(self->relay, s_pending);
+    PyObject *relay = self->relay;
+    if (relay == NULL) return missing("_relay");
+    Py_INCREF(relay);
+    int held = truthy_attr(relay, s_pending);
+    Py_DECREF(relay);
     if (held < 0) return -2;
     if (held) return -1;
     if (memmem(payload, (size_t)len, "\"usage\":", 8) != NULL) return -1;
     if (len >= 14 && memcmp(payload + len - 14, "data: [DONE]\n\n", 14) == 0) return -1;
 
     /* One gap for the frame, 0 for each further event in it (as the parsed path records). */
+    if (self->gaps == NULL) return missing("gaps");
+    if (!PyList_CheckExact(self->gaps)) {
+        PyErr_SetString(PyExc_TypeError, "FrameSplice.gaps must be a list");
+        return -2;
+    }
     PyObject *g = PyFloat_FromDouble(now - self->last);
     if (g == NULL) return -2;
     int rc = PyList_Append(self->gaps, g);
@@ -113,16 +126,29 @@ static int splice_frame(FrameSplice *self, PyObject *data, double now)
         Py_DECREF(zero);
     }
     /* As uvicorn's send: a closing client's event is dropped; the disconnect cancels the relay. */
-    PyObject *c = PyObject_CallNoArgs(self->closing);
+    /* Strong references across each call: the callee may rebind the attribute it came from. */
+    PyObject *fn = self->closing;
+    if (fn == NULL) return missing("_closing");
+    Py_INCREF(fn);
+    PyObject *c = PyObject_CallNoArgs(fn);
+    Py_DECREF(fn);
     if (c == NULL) return -2;
     int closing = PyObject_IsTrue(c);
     Py_DECREF(c);
     if (closing < 0) return -2;
     if (closing) return 1;
-    PyObject *r = PyObject_CallOneArg(self->write, data);
+    fn = self->write;
+    if (fn == NULL) return missing("_write");
+    Py_INCREF(fn);
+    PyObject *r = PyObject_CallOneArg(fn, data);
+    Py_DECREF(fn);
     if (r == NULL) return -2;
     Py_DECREF(r);
-    int paused = truthy_attr(self->flow, s_write_paused);
+    PyObject *flow = self->flow;
+    if (flow == NULL) return missing("_flow");
+    Py_INCREF(flow);
+    int paused = truthy_attr(flow, s_write_paused);
+    Py_DECREF(flow);
     if (paused < 0) return -2;
     if (paused) {
         self->blocked = 1;

@@ -289,3 +289,29 @@ def test_the_relay_tests_pass_on_the_python_twins() -> None:
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " passed" in run.stdout
+
+
+@pytest.mark.parametrize("kind", [_speedups.FrameSplice, speedups.PyFrameSplice])
+def test_a_callee_that_rebinds_what_is_being_called(kind: type[Any]) -> None:
+    # The C holds its own reference across each call: a callee that rebinds or drops the
+    # attribute it was read from must not free it mid-call (run under both, same outcome).
+    client = Client()
+    s = splice(kind, client, b"", 0.0)
+    other: list[bytes] = []
+
+    def closing() -> bool:
+        s._closing = lambda: False
+        s._write = other.append
+        return False
+
+    def write(data: bytes) -> None:
+        del s._write
+        client.written.append(data)
+
+    s._closing = closing
+    data = b"9\r\ndata: a\n\n\r\n"
+    assert s.frame(data, 1.0) is True and other == [data]
+    s._write = write
+    assert s.frame(data, 2.0) is True and client.written == [data]
+    with pytest.raises(AttributeError):
+        s.frame(data, 3.0)
