@@ -26,10 +26,12 @@ class RequestIdMiddleware:
         self._prefix = os.urandom(6).hex()
         self._seq = itertools.count(1)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    # A plain function handing back the inner app's awaitable, not a coroutine awaiting it: every
+    # time the request's task suspends or resumes, each awaiting frame between it and the server
+    # is passed through again (see FastLane).
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+            return self.app(scope, receive, send)
         rid: bytes | None = None
         for k, v in scope["headers"]:
             if k == b"x-request-id":
@@ -48,7 +50,7 @@ class RequestIdMiddleware:
                 message["headers"] = [*message.get("headers", ()), header]
             return send(message)
 
-        await self.app(scope, receive, send_with_id)
+        return self.app(scope, receive, send_with_id)
 
 
 class BodyLimitMiddleware:
@@ -58,19 +60,26 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    # A plain function, as RequestIdMiddleware's: most requests need no frame of this class.
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+            return self.app(scope, receive, send)
         limit = self.max_bytes
         for k, v in scope["headers"]:
             if k == b"content-length":
-                if v.isdigit() and int(v) > limit:
+                if not v.isdigit():
+                    break  # the server's parser refuses it; counted below all the same
+                if int(v) > limit:
                     # Declared too large: answer before reading a byte of it.
-                    await send_error(send, self._too_large(), [(b"connection", b"close")])
-                    return
-                break
+                    return send_error(send, self._too_large(), [(b"connection", b"close")])
+                # Declared within the limit: the server's parser delivers exactly that many
+                # body bytes (any further bytes are the next request), so nothing to count.
+                return self.app(scope, receive, send)
+        return self._counted(scope, receive, send)
 
+    async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A body of undeclared length (chunked): counted as it arrives."""
+        limit = self.max_bytes
         received = 0
 
         async def counting_receive() -> Message:

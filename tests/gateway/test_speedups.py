@@ -276,6 +276,7 @@ def test_the_built_extension_is_not_older_than_its_source() -> None:
         f"{built.name} is older than {source.name}: run `make install`")
 
 
+@pytest.mark.slow
 def test_the_relay_tests_pass_on_the_python_twins() -> None:
     env = {**os.environ, "LLMSERVE_PURE_PYTHON": "1"}
     files = ["tests/gateway/transport/test_h1.py", "tests/gateway/api/test_splice.py",

@@ -250,6 +250,40 @@ def test_oversized_body_is_413_counted_not_trusted(upstreams: UpstreamFactory,
         assert httpx.get(gw.url + "/health").status_code == 200
 
 
+@pytest.mark.parametrize("edge", [True, False], ids=["edge", "plain"])
+@pytest.mark.parametrize("shape", ["cl-and-te", "two-cl", "cl-short"])
+def test_a_declared_length_cannot_smuggle_a_bigger_body_past_the_limit(
+    upstreams: UpstreamFactory, shape: str, edge: bool
+) -> None:
+    # The body limit trusts a declared Content-Length within the limit (the parser then delivers
+    # exactly that many bytes). These heads try to make the parser deliver more than declared:
+    # each must end in a 4xx, never reach the engine with an oversized body.
+    up = upstreams()
+    big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 10_000}]}).encode()
+    if shape == "cl-and-te":
+        head = b"Content-Length: 10\r\nTransfer-Encoding: chunked\r\n"
+        body = b"%x\r\n%b\r\n0\r\n\r\n" % (len(big), big)
+    elif shape == "two-cl":
+        head = b"Content-Length: 10\r\nContent-Length: %d\r\n" % len(big)
+        body = big
+    else:  # the declared length ends inside the JSON: the rest is taken as the next request
+        head = b"Content-Length: 10\r\n"
+        body = big
+    with run_gateway(backends=[url_of(up)], max_body_bytes=4096, edge=edge) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\n" + head + b"\r\n" + body)
+            answer = b""
+            with contextlib.suppress(OSError):
+                while chunk := sock.recv(65536):
+                    answer += chunk
+        status = int(answer.split(b" ", 2)[1])
+        assert 400 <= status < 500, answer[:300]
+        assert up.completions == 0
+        assert httpx.get(gw.url + "/health").status_code == 200
+
+
 @pytest.mark.parametrize("edge", [True, False], ids=["edge-callback", "plain-watcher"])
 def test_client_disconnect_mid_stream_closes_the_upstream(
     upstreams: UpstreamFactory, edge: bool
