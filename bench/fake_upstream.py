@@ -63,6 +63,12 @@ class Behaviour(BaseSettings):
                                                    "(time to first token), instead of "
                                                    "token_delay_s; the first token follows "
                                                    "the role event at once, as vLLM sends them")
+    tail_delay_s: float = Field(-1.0, ge=-1, le=60,
+                                description="sleep before each streamed event after the last "
+                                            "token (finish, usage, [DONE]); -1: token_delay_s, "
+                                            "as for a token. vLLM writes them in the step of the "
+                                            "last token (whose chunk carries finish_reason), "
+                                            "one after another: 0 is its pace")
     fail_status: int = Field(0, description="answer every completion with this HTTP status "
                                             "(400-599) and an OpenAI error body; 0: never")
     max_answer_tokens: int = Field(0, ge=0, description="answers stop at this many tokens, "
@@ -411,6 +417,9 @@ class _Protocol(asyncio.Protocol):
     async def _stream_slowly(self, events: list[bytes]) -> None:
         b, u = self.u.behaviour, self.u
         self._write(_SSE_HEAD)  # head first, as Starlette's StreamingResponse does
+        # The tail: the first event that ends a choice, and all after it (usage, [DONE]).
+        tail = next((i for i, ev in enumerate(events) if b'"finish_reason":"' in ev),
+                    len(events) - 1)
         for i, ev in enumerate(events):
             if i == b.drop_after:
                 assert self.transport is not None
@@ -419,6 +428,8 @@ class _Protocol(asyncio.Protocol):
             delay = b.token_delay_s
             if b.first_token_delay_s:
                 delay = b.first_token_delay_s if i == 0 else (0.0 if i == 1 else delay)
+            if i >= tail and b.tail_delay_s >= 0:
+                delay = b.tail_delay_s
             if delay:
                 await asyncio.sleep(delay)
             if self.transport is None:

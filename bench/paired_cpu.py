@@ -96,6 +96,10 @@ def main() -> int:
     p.add_argument("--gap-ms", type=float, default=20.0,
                    help="upstream's time between tokens (0: each answer in one burst)")
     p.add_argument("--ttft-ms", type=float, default=100.0, help="upstream's time to first token")
+    p.add_argument("--tail-ms", type=float, default=0.0,
+                   help="upstream's time before each event after the last token (finish, usage, "
+                        "[DONE]); 0: at once, as vLLM writes them; -1: --gap-ms, as for a token "
+                        "(this benchmark's pace before 2026-11-25 late)")
     p.add_argument("--tokens", type=int, default=64,
                    help="tokens per answer (1: the per-request cost, nearly no per-event cost)")
     args = p.parse_args()
@@ -107,7 +111,7 @@ def main() -> int:
     up = free_port()
     upstream = start(f"{sys.executable} -m bench.fake_upstream --port {up} --tokens {args.tokens} "
                      f"--token-delay-s {args.gap_ms / 1e3} --first-token-delay-s "
-                     f"{args.ttft_ms / 1e3}", "1")
+                     f"{args.ttft_ms / 1e3} --tail-delay-s {args.tail_ms / 1e3}", "1")
     cpu: dict[str, list[float]] = {label: [] for label, _ in specs}
     tmpdir = tempfile.TemporaryDirectory(prefix="paired-cpu-")
     tmp = Path(tmpdir.name)

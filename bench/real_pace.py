@@ -309,6 +309,10 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=64, help="tokens per stream")
     p.add_argument("--gap-ms", type=float, default=20.0, help="time between tokens")
     p.add_argument("--ttft-ms", type=float, default=100.0, help="upstream time to first token")
+    p.add_argument("--tail-ms", type=float, default=0.0,
+                   help="upstream's time before each event after the last token (finish, usage, "
+                        "[DONE]); 0: at once, as vLLM writes them; -1: --gap-ms, as for a token "
+                        "(this benchmark's pace before 2026-11-25 late)")
     p.add_argument("--router", help="vllm-router binary (default: on PATH)")
     p.add_argument("--no-nginx", action="store_true", help="leave nginx out")
     p.add_argument("--only", action="append", default=[], help="measure only these proxies")
@@ -334,7 +338,8 @@ def main() -> int:
     up = free_port()
     upstream = start(f"{sys.executable} -m bench.fake_upstream --port {up} --tokens "
                      f"{args.tokens} --token-delay-s {args.gap_ms / 1e3} "
-                     f"--first-token-delay-s {args.ttft_ms / 1e3}", "1")
+                     f"--first-token-delay-s {args.ttft_ms / 1e3} "
+                     f"--tail-delay-s {args.tail_ms / 1e3}", "1")
     try:
         wait_ok(f"http://127.0.0.1:{up}/health")
         targets = proxies(args, up, tmp)

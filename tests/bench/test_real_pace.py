@@ -53,3 +53,37 @@ def test_refusals_are_timed_from_the_rounds_start() -> None:
     # Every other request was refused: due 0.05 s, 0.15 s, ... after the start (as sent).
     assert [round(t, 2) for t in result.refused_at] == [0.05, 0.15, 0.25, 0.35, 0.45]
     assert _spans([0.093, 0.095, 0.1, 0.195, 0.2, 0.5]) == "0.093-0.100 (3), 0.195-0.200 (2), 0.500"
+
+
+def _arrivals(pace: Behaviour) -> list[tuple[float, bytes]]:
+    """Each read of one streamed chat answer from `pace`, with its time from the request."""
+    import time
+
+    async def read() -> list[tuple[float, bytes]]:
+        with start_in_thread(pace) as up:
+            reader, writer = await asyncio.open_connection("127.0.0.1", up.port)
+            body = (b'{"model":"demo","stream":true,"max_tokens":3,'
+                    b'"stream_options":{"include_usage":true},'
+                    b'"messages":[{"role":"user","content":"hi"}]}')
+            t0 = time.perf_counter()
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                         b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+            out = []
+            while not (out and out[-1][1].endswith(b"0\r\n\r\n")):
+                out.append((time.perf_counter() - t0, await reader.read(65536)))
+            writer.close()
+            return out
+
+    return asyncio.run(read())
+
+
+def test_the_tail_comes_at_once_at_vllms_pace() -> None:
+    # vLLM writes the finish, usage and [DONE] in the step of the last token; as a token each,
+    # they would come 3 gaps later.
+    gap = 0.1
+    paced = _arrivals(Behaviour(token_delay_s=gap, tail_delay_s=0.0))
+    spaced = _arrivals(Behaviour(token_delay_s=gap))
+    last_token = [t for t, data in paced if b'" tok"' in data][-1]
+    assert paced[-1][0] - last_token < gap / 2
+    last_token = [t for t, data in spaced if b'" tok"' in data][-1]
+    assert spaced[-1][0] - last_token >= 3 * gap * 0.9
