@@ -70,7 +70,9 @@ def _arrivals(pace: Behaviour) -> list[tuple[float, bytes]]:
                          b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
             out = []
             while not (out and out[-1][1].endswith(b"0\r\n\r\n")):
-                out.append((time.perf_counter() - t0, await reader.read(65536)))
+                data = await asyncio.wait_for(reader.read(65536), 10)
+                assert data, "the upstream closed before the stream's end"
+                out.append((time.perf_counter() - t0, data))
             writer.close()
             return out
 
