@@ -9,7 +9,7 @@ PORT ?= 8000
 WORKERS ?= 2
 PYTEST_ARGS ?=
 # The relay's C extension, as the editable install builds it in the source tree.
-SPEEDUPS := gateway/_speedups$(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+SPEEDUPS := gateway/_speedups$(shell $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 
 .PHONY: up install model test test-fast lint typecheck bench clean system-deps
 
@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml
 # edited source would otherwise run beside a stale .so (tests/gateway/test_speedups.py checks).
 # Without a C compiler it is skipped and the gateway runs its Python twins (gateway/speedups.py).
 $(SPEEDUPS): gateway/_speedups.c | $(STAMP)
-	$(BIN)/python -m pip install -q --no-deps -e . 2>.speedups-build.log \
+	$(BIN)/python -m pip install -v --no-deps -e . >.speedups-build.log 2>&1 \
 	  || { tail -n 20 .speedups-build.log; exit 2; }
 	@test -f $@ || echo "make: gateway/_speedups.c did not build (log: .speedups-build.log); the gateway runs its Python twins"
 

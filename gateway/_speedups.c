@@ -64,28 +64,22 @@ static int missing(const char *name)
     return -2;
 }
 
-/* -1: not a frame this sink takes; 0: taken, stop feeding; 1: taken, go on; -2: error set. */
-static int splice_frame(FrameSplice *self, PyObject *data, double now)
+/* -1: not a frame this sink takes; 0: taken, stop feeding; 1: taken, go on; -2: error set.
+   The checks run in the twin's order, so an attribute that raises does so in the same cases. */
+static int splice_frame(FrameSplice *self, PyObject *data, PyObject *nowobj)
 {
     if (!PyBytes_CheckExact(data)) return -1;
     const char *p = PyBytes_AS_STRING(data);
-    Py_ssize_t n = PyBytes_GET_SIZE(data), i = 0;
-    /* The size line: 1-16 hex digits and CRLF, nothing else (no sign, space, 0x or extension). */
-    uint64_t size = 0;
-    while (i < n && i < 16) {
-        int v = hexval(p[i]);
-        if (v < 0) break;
-        size = size * 16 + (uint64_t)v;
-        i++;
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    /* The size line's CRLF, within the first 18 bytes (16 hex digits at most). */
+    Py_ssize_t end = -1;
+    for (Py_ssize_t j = 0; j + 1 < n && j + 1 < 18; j++) {
+        if (p[j] == '\r' && p[j + 1] == '\n') {
+            end = j;
+            break;
+        }
     }
-    if (i == 0 || i + 1 >= n || p[i] != '\r' || p[i + 1] != '\n') return -1;
-    Py_ssize_t start = i + 2;
-    /* The size is the payload's, and the payload is whole events followed by the chunk's CRLF. */
-    if (n - start < 2 || size != (uint64_t)(n - start - 2) || n < 4
-        || memcmp(p + n - 4, "\n\n\r\n", 4) != 0)
-        return -1;
-    const char *payload = p + start;
-    Py_ssize_t len = (Py_ssize_t)size;
+    if (end <= 0 || n < 4 || memcmp(p + n - 4, "\n\n\r\n", 4) != 0) return -1;
     PyObject *relay = self->relay;
     if (relay == NULL) return missing("_relay");
     Py_INCREF(relay);
@@ -93,12 +87,23 @@ static int splice_frame(FrameSplice *self, PyObject *data, double now)
     Py_DECREF(relay);
     if (held < 0) return -2;
     if (held) return -1;
-    if (memmem(payload, (size_t)len, "\"usage\":", 8) != NULL) return -1;
-    if (len >= 14 && memcmp(payload + len - 14, "data: [DONE]\n\n", 14) == 0) return -1;
+    if (memmem(p, (size_t)n, "\"usage\":", 8) != NULL) return -1;
+    if (n >= 16 && memcmp(p + n - 16, "data: [DONE]\n\n\r\n", 16) == 0) return -1;
+    /* Hex digits only (no sign, space, 0x or extension), and the payload's own size: at least
+       one event end, so the frame goes to the client as it came. */
+    uint64_t size = 0;
+    for (Py_ssize_t j = 0; j < end; j++) {
+        int v = hexval(p[j]);
+        if (v < 0) return -1;
+        size = size * 16 + (uint64_t)v;
+    }
+    if (size < 2 || size != (uint64_t)(n - end - 4)) return -1;
 
     /* One gap for the frame, 0 for each further event in it (as the parsed path records). */
+    double now = PyFloat_AsDouble(nowobj);
+    if (now == -1.0 && PyErr_Occurred()) return -2;
     if (self->gaps == NULL) return missing("gaps");
-    if (!PyList_CheckExact(self->gaps)) {
+    if (!PyList_Check(self->gaps)) {
         PyErr_SetString(PyExc_TypeError, "FrameSplice.gaps must be a list");
         return -2;
     }
@@ -109,8 +114,8 @@ static int splice_frame(FrameSplice *self, PyObject *data, double now)
     if (rc < 0) return -2;
     self->last = now;
     Py_ssize_t events = 0;
-    const char *q = payload, *end = payload + len;
-    while (q < end && (q = memmem(q, (size_t)(end - q), "\n\n", 2)) != NULL) {
+    const char *q = p + end + 2, *stop = p + n;
+    while (q < stop && (q = memmem(q, (size_t)(stop - q), "\n\n", 2)) != NULL) {
         events++;
         q += 2;
     }
@@ -163,9 +168,7 @@ static PyObject *FrameSplice_frame(FrameSplice *self, PyObject *const *args, Py_
         PyErr_SetString(PyExc_TypeError, "frame(data, now) takes 2 arguments");
         return NULL;
     }
-    double now = PyFloat_AsDouble(args[1]);
-    if (now == -1.0 && PyErr_Occurred()) return NULL;
-    switch (splice_frame(self, args[0], now)) {
+    switch (splice_frame(self, args[0], args[1])) {
     case -2: return NULL;
     case -1: Py_RETURN_NONE;
     case 0: Py_RETURN_FALSE;
@@ -245,41 +248,57 @@ static PyObject *FrameEntry_data_received(FrameEntry *self, PyObject *data)
 {
     PyObject *sink = self->frame;
     if (sink != NULL && sink != Py_None && self->between && self->time != NULL) {
-        PyObject *nowobj = PyObject_CallNoArgs(self->time);
-        if (nowobj == NULL) return NULL;
-        int more;
-        Py_INCREF(sink); /* the write below may run code that disarms it */
-        if (PyObject_TypeCheck(sink, &FrameSpliceType)
-            && _PyType_Lookup(Py_TYPE(sink), s_frame) == c_frame_descr) {
-            double now = PyFloat_AsDouble(nowobj);
-            more = (now == -1.0 && PyErr_Occurred()) ? -2
-                                                     : splice_frame((FrameSplice *)sink, data, now);
-        }
-        else {
-            PyObject *r = PyObject_CallMethodObjArgs(sink, s_frame, data, nowobj, NULL);
-            more = r == NULL ? -2 : r == Py_None ? -1 : PyObject_IsTrue(r);
-            Py_XDECREF(r);
-            if (more < -1) more = -2;
-        }
-        Py_DECREF(sink);
-        if (more == -2) {
-            Py_DECREF(nowobj);
+        /* Strong references: the clock, the sink and the write may run code that rebinds them. */
+        Py_INCREF(sink);
+        PyObject *clock = self->time;
+        Py_INCREF(clock);
+        PyObject *nowobj = PyObject_CallNoArgs(clock);
+        Py_DECREF(clock);
+        if (nowobj == NULL) {
+            Py_DECREF(sink);
             return NULL;
         }
+        int more;
+        PyObject *r = NULL;
+        if (PyObject_TypeCheck(sink, &FrameSpliceType)
+            && _PyType_Lookup(Py_TYPE(sink), s_frame) == c_frame_descr) {
+            more = splice_frame((FrameSplice *)sink, data, nowobj);
+        }
+        else {
+            r = PyObject_CallMethodObjArgs(sink, s_frame, data, nowobj, NULL);
+            more = r == NULL ? -2 : r == Py_None ? -1 : 2; /* 2: taken, truth read below */
+        }
+        Py_DECREF(sink);
         if (more >= 0) {
             /* Taken whole: the parser was not fed and still stands between two chunks. */
             PyObject *d = self->deadline;
-            if (d != NULL && d != Py_None && PyObject_SetAttr(d, s_last, nowobj) < 0) {
-                Py_DECREF(nowobj);
-                return NULL;
+            if (d != NULL && d != Py_None) {
+                Py_INCREF(d);
+                int rc = PyObject_SetAttr(d, s_last, nowobj);
+                Py_DECREF(d);
+                if (rc < 0) more = -2;
             }
-            Py_DECREF(nowobj);
-            if (!more) return PyObject_CallMethodNoArgs((PyObject *)self, s_frame_stopped);
+            if (more == 2) { /* as the twin: `not more` is asked after the deadline moved */
+                more = PyObject_IsTrue(r);
+                if (more < 0) more = -2;
+            }
+        }
+        Py_XDECREF(r);
+        Py_DECREF(nowobj);
+        if (more == -2) return NULL;
+        if (more >= 0) {
+            if (!more) {
+                PyObject *out = PyObject_CallMethodNoArgs((PyObject *)self, s_frame_stopped);
+                if (out == NULL) return NULL;
+                Py_DECREF(out);
+            }
             Py_RETURN_NONE;
         }
-        Py_DECREF(nowobj);
     }
-    return PyObject_CallMethodOneArg((PyObject *)self, s_parse, data);
+    PyObject *out = PyObject_CallMethodOneArg((PyObject *)self, s_parse, data);
+    if (out == NULL) return NULL;
+    Py_DECREF(out);
+    Py_RETURN_NONE;
 }
 
 static int FrameEntry_traverse(FrameEntry *self, visitproc visit, void *arg)

@@ -36,7 +36,8 @@ class PyFrameEntry:
 
     `_frame` is the armed sink (or None), `_between_chunks` the parser's position (set by the
     subclass's parser callbacks), `_time` the loop's clock, `deadline` the request's Deadline (its
-    `last` is the idle timer's). A sink that stops being fed (False) calls `_frame_stopped`."""
+    `last` is the idle timer's). A sink that stops being fed (False) calls `_frame_stopped`.
+    In the C type `_between_chunks` must be a bool, and unset slots read as None."""
 
     __slots__ = ("_between_chunks", "_frame", "_time", "deadline")
 
@@ -73,7 +74,11 @@ class PyFrameSplice:
     `_relay` is the SseRelay (a held partial event refuses the frame), `gaps` the inter-token gaps
     (one per event: the frame's, then 0 for each further event in it), `last` the previous event's
     time, `_write`/`_closing` the client transport's, `_flow` the server's write flow control;
-    `blocked` is set when the client's buffer is full."""
+    `blocked` is set when the client's buffer is full.
+
+    The C type's slots are typed where these are not: `gaps` must be a list (the C appends to it
+    directly, past any override of `append`), `last` a float, `blocked` a bool. The C also calls
+    its own `frame` unless the class overrides it (not the instance)."""
 
     __slots__ = ("_closing", "_flow", "_relay", "_write", "blocked", "gaps", "last")
 
@@ -89,15 +94,20 @@ class PyFrameSplice:
         """One whole chunk frame taken: True to go on, False to stop (the client's buffer is
         full). None for anything else (several frames, a partial one, a chunk extension, usage,
         [DONE], a held event): the transport parses it instead."""
+        if type(data) is not bytes:
+            return None  # the transport reads bytes; anything else is parsed
         end = data.find(b"\r\n", 0, 18)
         if (end <= 0 or not data.endswith(_FRAME_END) or self._relay.pending
                 or _USAGE_KEY in data or data.endswith(_DONE_FRAME)):
             return None
         size = data[:end]
         # Hex digits only, as HTTP/1.1 and the transport's parser require (int() would also take
-        # a sign, spaces, underscores or 0x), and the size must be the payload's: the frame then
-        # goes to the client as it came.
-        if size.translate(None, _HEX_DIGITS) or int(size, 16) != len(data) - end - 4:
+        # a sign, spaces, underscores or 0x), and the size must be the payload's, with at least
+        # one event end of its own: the frame then goes to the client as it came.
+        if size.translate(None, _HEX_DIGITS):
+            return None
+        length = int(size, 16)
+        if length < 2 or length != len(data) - end - 4:
             return None
         self.gaps.append(now - self.last)
         self.last = now

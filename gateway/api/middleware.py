@@ -54,7 +54,13 @@ class RequestIdMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Refuse bodies over `max_bytes`, counting what actually arrives (Content-Length can lie)."""
+    """Refuse bodies over `max_bytes`: a declared Content-Length over it at once, an undeclared
+    (chunked) body by counting what arrives.
+
+    A Content-Length within the limit is trusted because the gateway's server parses with
+    httptools (gateway/edge.py), which delivers exactly that many body bytes and refuses a head
+    with Transfer-Encoding beside it or a second Content-Length (tests/gateway/api/test_proxy.py).
+    h11, whose Transfer-Encoding wins over Content-Length, would need the count for every body."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app

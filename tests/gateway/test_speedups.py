@@ -316,3 +316,74 @@ def test_a_callee_that_rebinds_what_is_being_called(kind: type[Any]) -> None:
     assert s.frame(data, 2.0) is True and client.written == [data]
     with pytest.raises(AttributeError):
         s.frame(data, 3.0)
+
+
+class Raising:
+    @property
+    def pending(self) -> bytes:
+        raise LookupError("pending")
+
+
+def both(call: Any) -> list[Any]:
+    """`call(kind)` for the C type and its twin: what it returned, or the exception's type."""
+    out = []
+    for kind in (_speedups.FrameSplice, speedups.PyFrameSplice):
+        try:
+            out.append(call(kind))
+        except Exception as exc:  # noqa: BLE001 - the comparison is the point
+            out.append(type(exc))
+    return out
+
+
+@pytest.mark.parametrize(("data", "now"), [
+    (b"1\r\n\n\r\n", 1.0),  # a payload of one LF: the event end would span the size line
+    (b"zz\r\ndata: a\n\n\r\n", 1.0),  # a bad size line, with a relay that raises
+    (bytearray(b"9\r\ndata: a\n\n\r\n"), 1.0),  # not bytes
+    (b"8\r\ndata: a\n\n\r\n", "soon"),  # a wrong size, and a `now` that is not a number
+    (b"9\r\ndata: a\n\n\r\n", "soon"),  # taken, with a `now` that is not a number
+])
+def test_edge_inputs_end_alike(data: bytes, now: Any) -> None:
+    def call(kind: type[Any]) -> Any:
+        s = splice(kind, Client(), b"", 0.0)
+        if data.startswith(b"zz"):
+            s._relay = Raising()
+        return s.frame(data, now)
+
+    c, py = both(call)
+    assert c == py
+
+
+def test_a_clock_that_disarms_the_sink_does_not_free_it_under_the_entry() -> None:
+    # The sink is held only by `_frame`; reading the clock drops it. The C holds its own
+    # reference across the call (it crashed before), and the outcome is the twin's.
+    seen = []
+    for base in (_speedups.FrameEntry, speedups.PyFrameEntry):
+        conn = entry(base)
+        client = Client()
+
+        def clock(conn: Any = conn) -> float:
+            conn._frame = None
+            return 5.0
+
+        conn._frame = splice(_speedups.FrameSplice, client, b"", 0.0)
+        conn._time, conn._between_chunks, conn.deadline = clock, True, None
+        assert conn.data_received(b"9\r\ndata: a\n\n\r\n") is None
+        seen.append((client.written, conn.log))
+    assert seen == [([b"9\r\ndata: a\n\n\r\n"], [])] * 2
+
+
+def test_a_sink_answer_whose_truth_raises_propagates_after_the_deadline_moved() -> None:
+    class Weird:
+        def __bool__(self) -> bool:
+            raise ValueError("no truth")
+
+    class Sink:
+        def frame(self, data: bytes, now: float) -> Any:
+            return Weird()
+
+    for base in (_speedups.FrameEntry, speedups.PyFrameEntry):
+        conn = entry(base)
+        conn._frame, conn._between_chunks, conn.deadline = Sink(), True, Deadline()
+        with pytest.raises(ValueError, match="no truth"):
+            conn.data_received(b"x")
+        assert conn.deadline.last == 7.0 and conn.log == []
