@@ -79,9 +79,9 @@ class _DrainingServer(uvicorn.Server):
 
     async def main_loop(self) -> None:
         # Serving: uvicorn's loop wakes every 0.1 s to notice `should_exit` and to refresh the Date
-        # header once a second. Ten wake-ups a second cost an idle gateway measurable CPU (and a
-        # busy one ~1 us per request at 250/s): this one wakes once a second, and at once when
-        # the exit signal comes (`handle_exit`).
+        # header once a second. Those ten wake-ups were most of an idle gateway's CPU (2.42 ms a
+        # second, 0.57 without them; a busy loop is awake anyway). This one wakes once a second,
+        # and at once when the exit signal comes (`handle_exit`).
         loop = asyncio.get_running_loop()
         while not await self.on_tick(0):  # 0: every tick is a Date refresh (counter % 10)
             tick = self._tick = loop.create_future()

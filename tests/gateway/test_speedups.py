@@ -279,8 +279,7 @@ def test_the_built_extension_is_not_older_than_its_source() -> None:
 @pytest.mark.slow
 def test_the_relay_tests_pass_on_the_python_twins() -> None:
     env = {**os.environ, "LLMSERVE_PURE_PYTHON": "1"}
-    files = ["tests/gateway/transport/test_h1.py", "tests/gateway/api/test_splice.py",
-             "tests/gateway/test_speedups.py::test_the_gateway_runs_the_compiled_relay"]
+    files = ["tests/gateway/transport/test_h1.py", "tests/gateway/api/test_splice.py"]
     probe = subprocess.run(
         [sys.executable, "-c", "import gateway.speedups as s; print(s.COMPILED)"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True)
