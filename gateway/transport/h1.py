@@ -97,7 +97,7 @@ class _Conn(FrameEntry, asyncio.Protocol):
             self._buffered = 0
             d = self.deadline
             if d is not None:
-                d.last = self._loop.time()
+                d.last = self._time()
             if not sink(chunks[0] if len(chunks) == 1 else b"".join(chunks)):
                 self._sink = sink = self._frame = None
                 self._sink_stopped = True
@@ -175,7 +175,7 @@ class _Conn(FrameEntry, asyncio.Protocol):
                     self.transport.resume_reading()
                 d = self.deadline
                 if d is not None:
-                    d.last = self._loop.time()
+                    d.last = self._time()
                     d.got_first = True
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
             if self._complete:

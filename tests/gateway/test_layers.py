@@ -19,9 +19,7 @@ ASSEMBLY = {"app", "server", "edge", "cli", "__main__"}
 
 def rank(module: str) -> int:
     parts = module.split(".")
-    if len(parts) > 2 and parts[1] in RANKS:
-        return RANKS[parts[1]]
-    if len(parts) == 2 and parts[1] in RANKS:  # the package itself
+    if len(parts) >= 2 and parts[1] in RANKS:  # a layer's package or a module in it
         return RANKS[parts[1]]
     return 5 if parts[-1] in ASSEMBLY else 0
 
