@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -101,18 +103,32 @@ def build_app(
     pressure = (PressureWatch(settings.flow, admission, router.backends, transport)
                 if admission is not None and settings.flow.scrape_engines else None)
 
+    async def follow_replicas(adm: Admission) -> None:
+        # Each pool's ceiling is per available replica (flow/admission.py, Pool.set_replicas).
+        # Probes, ejections and discovery change the count; once per probe period is soon enough.
+        while True:
+            adm.set_replicas(router.replicas())
+            await asyncio.sleep(settings.health_interval_s)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Start-up: discovery and health probing begin; /ready turns 200 once a replica answers.
         await router.start()
-        # Admission also watches the engines' own queues (off the request path).
+        # Admission also watches the engines' own queues and the replicas' count (off the
+        # request path).
         if pressure is not None:
             await pressure.start()
+        replicas = (asyncio.create_task(follow_replicas(admission), name="admission-replicas")
+                    if admission is not None else None)
         try:
             yield
         finally:
             # Shutdown: uvicorn has already drained in-flight requests (bounded by the drain
             # timeout); stop probing and close pooled upstream connections.
+            if replicas is not None:
+                replicas.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await replicas
             if pressure is not None:
                 await pressure.stop()
             if admission is not None:

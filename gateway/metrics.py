@@ -45,8 +45,8 @@ _QUEUE_BUCKETS = (
 _BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 _BATCH_DELAY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 
-# (pool, queue depth, concurrency limit, admitted in flight), read at scrape time only.
-PoolView = Callable[[], Iterable[tuple[str, int, int, int]]]
+# (pool, queue depth, concurrency limit, its ceiling, admitted in flight), read at scrape time only.
+PoolView = Callable[[], Iterable[tuple[str, int, int, int, int]]]
 
 
 class _PoolCollector(Collector):
@@ -60,14 +60,19 @@ class _PoolCollector(Collector):
                                   "queue of a pool", labels=["pool"])
         limit = GaugeMetricFamily("llmserve_concurrency_limit", "Current adaptive concurrency "
                                   "limit of a pool", labels=["pool"])
+        ceiling = GaugeMetricFamily("llmserve_concurrency_limit_ceiling", "Highest the adaptive "
+                                    "limit of a pool may grow: max_limit per available replica",
+                                    labels=["pool"])
         admitted = GaugeMetricFamily("llmserve_admitted_in_flight", "Admitted requests in "
                                      "flight per pool", labels=["pool"])
-        for pool, d, lim, n in (self.view() if self.view is not None else ()):
+        for pool, d, lim, top, n in (self.view() if self.view is not None else ()):
             depth.add_metric([pool], d)
             limit.add_metric([pool], lim)
+            ceiling.add_metric([pool], top)
             admitted.add_metric([pool], n)
         yield depth
         yield limit
+        yield ceiling
         yield admitted
 
     def describe(self) -> Iterator[GaugeMetricFamily]:

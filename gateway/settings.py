@@ -63,7 +63,10 @@ class FlowSettings(BaseModel):
     # seconds either way (bench/flow_engine.py: ~250 on two vLLM-CPU engines from 32 or 64).
     initial_limit: int = Field(64, ge=1, description="starting concurrency limit per pool")
     min_limit: int = Field(2, ge=1, description="floor of the adaptive concurrency limit")
-    max_limit: int = Field(1024, ge=1, description="ceiling of the adaptive concurrency limit")
+    max_limit: int = Field(
+        1024, ge=1, description="ceiling of the adaptive concurrency limit per available replica "
+                                "(a pool's ceiling is this times its model's replicas)"
+    )
     backoff: float = Field(
         0.9, gt=0, lt=1, description="multiplicative decrease when the target is missed"
     )

@@ -23,7 +23,7 @@ timeout.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from time import monotonic
 
 from gateway.errors import GatewayError, RateLimited, Unavailable
@@ -196,6 +196,16 @@ class Pool:
             if self.queue._size:
                 self._dispatch()
 
+    def set_replicas(self, replicas: int) -> None:
+        """The model's available replicas: the limit's ceiling is `max_limit` per replica.
+
+        One ceiling for the whole pool would cap a model's fleet at `max_limit` streams however
+        many replicas serve it: at vLLM's default of 256 sequences per engine, a fifth replica
+        would add nothing, and requests would wait at the door while engines had free slots.
+        No replica available says nothing about the capacity that comes back: the ceiling stays."""
+        if replicas > 0:
+            self.limiter.set_ceiling(self._settings.max_limit * replicas)
+
     def pressure(self) -> None:
         """The engines report waiting requests or a full KV cache (see flow.scrape)."""
         self.limiter.on_pressure()
@@ -242,6 +252,7 @@ class Admission:
         self.clock = clock
         self._metrics = metrics
         self._pools: dict[str, Pool] = {}
+        self._replicas: dict[str, int] = {}  # available replicas per model, as last told
         self._shared = (SharedLimits(settings, metrics)
                         if settings.limits_redis_url is not None else None)
         self.tenants = Tenants(metrics, settings.default_priority, clock, shared=self._shared,
@@ -257,7 +268,15 @@ class Admission:
         p = self._pools.get(model)
         if p is None:
             p = self._pools[model] = Pool(model, self.settings, self._metrics, self.clock)
+            p.set_replicas(self._replicas.get(model, 0))
         return p
+
+    def set_replicas(self, replicas: Mapping[str, int]) -> None:
+        """Available replicas per model (the router's view, refreshed off the request path):
+        each pool's ceiling follows its model's (`Pool.set_replicas`)."""
+        self._replicas = dict(replicas)
+        for name, p in self._pools.items():
+            p.set_replicas(self._replicas.get(name, 0))
 
     def queued(self, model: str) -> int:
         p = self._pools.get(model)
@@ -287,6 +306,6 @@ class Admission:
             retry_after=refusal.retry_after_s,
         )
 
-    def view(self) -> Iterator[tuple[str, int, int, int]]:
+    def view(self) -> Iterator[tuple[str, int, int, int, int]]:
         for p in list(self._pools.values()):
-            yield p.name, len(p.queue), p.limiter.limit, p.in_flight
+            yield p.name, len(p.queue), p.limiter.limit, p.limiter.ceiling, p.in_flight

@@ -155,6 +155,19 @@ class AimdLimiter:
         if self._limit > self._initial:
             self._set(max(float(self._initial), self._limit / 2.0 ** min(spells, 30)))
 
+    def set_ceiling(self, ceiling: int) -> None:
+        """A new ceiling, when the pool's available replicas change: a lower one clamps the limit
+        at once (the capacity behind it is gone); a higher one only lets it grow further. Never
+        below the floor."""
+        ceiling = max(ceiling, self._floor)
+        if ceiling != self._ceiling:
+            self._ceiling = ceiling
+            self._set(self._limit)
+
+    @property
+    def ceiling(self) -> int:
+        return self._ceiling
+
     def on_pressure(self) -> None:
         """The engines report queued requests or a full KV cache: back off (once per round)."""
         if self._clock() - self._last_cut >= self._target:

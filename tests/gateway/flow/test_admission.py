@@ -52,7 +52,7 @@ async def test_fast_path_then_queue_then_handoff() -> None:
     await asyncio.wait_for(waiting, 1)
     assert pool.in_flight == 2 and len(pool.queue) == 0
     assert sample(m, "llmserve_queue_time_seconds_count", pool="demo") - before == 3
-    assert ("demo", 0, 2, 2) in list(adm.view())
+    assert ("demo", 0, 2, 8, 2) in list(adm.view())  # ceiling: max_limit, one replica known
 
 
 async def test_a_queued_request_is_sent_over_the_limit_at_its_deadline_not_refused() -> None:
@@ -308,3 +308,27 @@ async def test_a_cold_pool_in_slow_start_queues_what_its_growth_will_admit() -> 
     await asyncio.wait_for(asyncio.gather(*queued), 1)
     assert pool.in_flight == 18 and len(pool.queue) == 0
     assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1
+
+
+def test_the_ceiling_is_max_limit_per_available_replica() -> None:
+    # A fleet of 5 engines at 256 sequences each must not be capped at one pool-wide 1,024.
+    adm, _ = admission(initial_limit=2, max_limit=8)
+    adm.set_replicas({"demo": 3})
+    early = adm.pool("demo")  # made after the count: takes it at once
+    assert early.limiter.ceiling == 24
+    other = adm.pool("other")  # no count for it yet: one replica's
+    assert other.limiter.ceiling == 8
+    adm.set_replicas({"demo": 5, "other": 2})
+    assert (early.limiter.ceiling, other.limiter.ceiling) == (40, 16)
+    for _ in range(200):  # slow start, bound by the ceiling of 5 replicas
+        early.sample(0.01, 0.0)
+        early.in_flight = early.limiter.limit
+    assert early.limiter.limit == 40
+    # Every replica down: no capacity is known, the ceiling (and the limit learnt) stays.
+    adm.set_replicas({"demo": 0})
+    assert (early.limiter.ceiling, early.limiter.limit) == (40, 40)
+    assert other.limiter.ceiling == 16  # absent from the count: as if none were available
+    # Two of five left: the capacity behind the limit is gone, it is clamped at once.
+    adm.set_replicas({"demo": 2})
+    assert (early.limiter.ceiling, early.limiter.limit) == (16, 16)
+    assert ("demo", 0, 16, 16, early.in_flight) in list(adm.view())

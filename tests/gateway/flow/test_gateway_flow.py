@@ -107,6 +107,18 @@ async def test_overload_is_503_fast_and_admitted_ones_succeed(upstreams: Upstrea
         assert gw.metric("llmserve_rejections_total") == statuses.count(503)
 
 
+def test_the_pool_ceiling_follows_the_replicas(upstreams: UpstreamFactory) -> None:
+    # Two replicas of "demo": the limit may grow to max_limit on each (flow/admission.py).
+    ups = [upstreams(), upstreams()]
+    with run_gateway(backends=[url_of(u) for u in ups], flow={"max_limit": 100}) as gw:
+        assert httpx.post(gw.url + "/v1/completions", json=BODY).status_code == 200
+        deadline = time.monotonic() + 5
+        while (gw.metric('llmserve_concurrency_limit_ceiling{pool="demo"}') != 200
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        assert gw.metric('llmserve_concurrency_limit_ceiling{pool="demo"}') == 200
+
+
 def test_flow_off_passes_everything(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)], flow={"enabled": False}) as gw:

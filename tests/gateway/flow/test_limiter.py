@@ -186,3 +186,19 @@ def test_growth_rate_of_whole_answers_runs_at_their_own_latency(clock: FakeClock
         # start adds a slot per answer, and an answer comes back every 2 s per slot.
         lim.on_whole_sample(2.0, 100, clock(), in_flight=lim.limit)
     assert lim.growth_rate(30) == pytest.approx(15.0)
+
+
+def test_a_new_ceiling_clamps_at_once_and_a_higher_one_lets_it_grow(clock: FakeClock) -> None:
+    lim = make(clock)  # floor 2, ceiling 20
+    for _ in range(100):
+        lim.on_sample(0.1, clock(), in_flight=lim.limit)
+    assert lim.limit == 20
+    lim.set_ceiling(12)
+    assert (lim.ceiling, lim.limit) == (12, 12)
+    lim.set_ceiling(40)
+    assert lim.limit == 12  # room, not slots: it grows into it on good samples
+    for _ in range(100):
+        lim.on_sample(0.1, clock(), in_flight=lim.limit)
+    assert lim.limit == 40
+    lim.set_ceiling(1)
+    assert (lim.ceiling, lim.limit) == (2, 2)  # never below the floor
