@@ -95,9 +95,14 @@ def dashboard() -> Dashboard:
                       quantiles("llmserve_queue_time_seconds", FLOW, (0.5, 0.99), by="pool")),
                 Panel("Adaptive concurrency limit",
                       "Each gateway pod's current concurrency limit per pool: it shrinks when "
-                      "the engines' TTFT passes the target, and grows back.", "short",
+                      "the engines' TTFT passes the target, and grows back, up to its ceiling "
+                      "(max_limit per available replica). A limit pinned at its ceiling while "
+                      "requests queue means the ceiling, not the engines, holds them back.",
+                      "short",
                       [q(f"max by (pool, pod) (llmserve_concurrency_limit{{{FLOW}}})",
-                         "{{pool}} {{pod}}")]),
+                         "{{pool}} {{pod}}"),
+                       q(f"max by (pool) (llmserve_concurrency_limit_ceiling{{{FLOW}}})",
+                         "ceiling {{pool}}")]),
             ]),
             Row("Errors", [
                 Panel("Rejections by reason",
