@@ -96,13 +96,11 @@ def dashboard() -> Dashboard:
                 Panel("Adaptive concurrency limit",
                       "Each gateway pod's current concurrency limit per pool: it shrinks when "
                       "the engines' TTFT passes the target, and grows back, up to its ceiling "
-                      "(max_limit per available replica). A limit pinned at its ceiling while "
-                      "requests queue means the ceiling, not the engines, holds them back.",
-                      "short",
+                      "(max_limit per available replica, llmserve_concurrency_limit_ceiling; "
+                      "not drawn: it is usually far above and would flatten this line). A "
+                      "limit pinned flat while requests queue is at that ceiling.", "short",
                       [q(f"max by (pool, pod) (llmserve_concurrency_limit{{{FLOW}}})",
-                         "{{pool}} {{pod}}"),
-                       q(f"max by (pool) (llmserve_concurrency_limit_ceiling{{{FLOW}}})",
-                         "ceiling {{pool}}")]),
+                         "{{pool}} {{pod}}")]),
             ]),
             Row("Errors", [
                 Panel("Rejections by reason",

@@ -62,7 +62,6 @@ def test_overview_covers_what_an_operator_looks_for_first() -> None:
                    "llmserve_itl_seconds_bucket", "llmserve_e2e_request_latency_seconds_bucket",
                    "llmserve_requests_in_flight", "llmserve_queue_depth",
                    "llmserve_queue_time_seconds_bucket", "llmserve_concurrency_limit",
-                   "llmserve_concurrency_limit_ceiling",
                    "llmserve_rejections_total", "llmserve_upstream_retries_total",
                    "llmserve_backend_up", "llmserve_tenant_tokens_total", "llmserve_pool_info"):
         assert metric in exprs, metric
