@@ -33,10 +33,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import vllm, torch, gguf, accelerate; assert torch.__version__.endswith('+cpu'), torch.__version__"
 	touch $@
 
-# The relay's C extension (gateway/_speedups.c) is built by the editable install above, once: an
-# edited source would otherwise run beside a stale .so (tests/gateway/test_speedups.py checks).
-# Without a C compiler it is skipped and the gateway runs its Python twins (gateway/speedups.py).
-$(SPEEDUPS): gateway/_speedups.c | $(STAMP)
+# The C extensions (gateway/_speedups.c, the relay; gateway/_sockio.c, the socket shim) are built
+# by the editable install above, once: an edited source would otherwise run beside a stale .so
+# (tests/gateway/test_speedups.py checks). Without a C compiler they are skipped: the gateway runs
+# its Python twins (gateway/speedups.py) and socket I/O through read/write (gateway/sockio.py).
+$(SPEEDUPS): gateway/_speedups.c gateway/_sockio.c | $(STAMP)
 	$(BIN)/python -m pip install -v --no-deps -e . >.speedups-build.log 2>&1 \
 	  || { tail -n 20 .speedups-build.log; exit 2; }
 	@test -f $@ || echo "make: gateway/_speedups.c did not build (log: .speedups-build.log); the gateway runs its Python twins"

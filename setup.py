@@ -1,15 +1,17 @@
-"""The one build step pyproject.toml cannot declare stably: the relay's C extension.
+"""The one build step pyproject.toml cannot declare stably: the gateway's C extensions.
 
-gateway/speedups.py says why it exists. `optional=True`: where it does not compile (no C compiler),
-the install goes on and the gateway runs the extension's Python twins.
+gateway/speedups.py and gateway/sockio.py say why they exist. `optional=True`: where one does not
+compile (no C compiler; the socket shim is Linux-only), the install goes on and the gateway runs
+without it (the relay's Python twins; socket I/O through read/write).
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(
-    "gateway._speedups",
-    sources=["gateway/_speedups.c"],
-    optional=True,
-    extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                        "-Wno-missing-field-initializers"],
-)])
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
+
+setup(ext_modules=[
+    Extension("gateway._speedups", sources=["gateway/_speedups.c"], optional=True,
+              extra_compile_args=FLAGS),
+    Extension("gateway._sockio", sources=["gateway/_sockio.c"], optional=True,
+              extra_compile_args=FLAGS),
+])

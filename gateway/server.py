@@ -27,7 +27,7 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
-from gateway import speedups
+from gateway import sockio, speedups
 from gateway.app import GatewayState, build_app
 from gateway.edge import Edge, EdgeProtocol, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
@@ -136,6 +136,7 @@ def run(settings: GatewaySettings) -> None:
         # Correct, but each streamed event then runs Python (gateway/speedups.py says why).
         log.warning("the relay's C extension is not in use (built: %s); running its Python twins",
                     speedups.BUILT)
+    sockio.settle(settings.sockio)
     app = build_app(settings)
     state = app.state
     edge = Edge(settings.edge, state.metrics)
