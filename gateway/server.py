@@ -136,8 +136,9 @@ def run(settings: GatewaySettings) -> None:
         # Correct, but each streamed event then runs Python (gateway/speedups.py says why).
         log.warning("the relay's C extension is not in use (built: %s); running its Python twins",
                     speedups.BUILT)
-    sockio.settle(settings.sockio)
     app = build_app(settings)
+    # After the app is built: a setting that fails there (a bad keys file) is the one line said.
+    sockio.settle(settings.sockio)
     state = app.state
     edge = Edge(settings.edge, state.metrics)
     check_fd_limit(settings.edge)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -117,3 +119,31 @@ def upstreams() -> Iterator[UpstreamFactory]:
 
 def url_of(up: FakeUpstream) -> str:
     return f"http://127.0.0.1:{up.port}"
+
+
+@contextlib.contextmanager
+def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`python -m gateway` in front of `up`, ready (its backend probed up); killed at exit.
+    stderr is a pipe: read it after the process ended."""
+    port = free_port()
+    gw = subprocess.Popen([sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port",
+                           str(port), "--backend", url_of(up), "--health-interval-s", "0.2",
+                           *flags],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        yield gw, url
+    finally:
+        if gw.poll() is None:
+            gw.kill()
+            gw.wait()
+        assert gw.stderr is not None
+        gw.stderr.close()

@@ -4,14 +4,12 @@ drains in-flight streams."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,11 +17,10 @@ import orjson
 import pytest
 import uvicorn
 
-from bench.fake_upstream import FakeUpstream
 from gateway.app import build_app
 from gateway.server import _DrainingServer
 from gateway.settings import GatewaySettings
-from tests.gateway.conftest import UpstreamFactory, url_of
+from tests.gateway.conftest import UpstreamFactory, gateway_process, url_of
 from tests.ports import free_port
 
 
@@ -34,34 +31,6 @@ def test_bad_setting_is_one_line_naming_it() -> None:
     assert proc.returncode == 2
     assert "GATEWAY_TIMEOUTS" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-
-
-@contextlib.contextmanager
-def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`python -m gateway` in front of `up`, ready (its backend probed up); killed at exit.
-    stderr is a pipe: read it after the process ended."""
-    port = free_port()
-    gw = subprocess.Popen([sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port",
-                           str(port), "--backend", url_of(up), "--health-interval-s", "0.2",
-                           *flags],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        yield gw, url
-    finally:
-        if gw.poll() is None:
-            gw.kill()
-            gw.wait()
-        assert gw.stderr is not None
-        gw.stderr.close()
 
 
 @pytest.mark.parametrize("content", [None, "dir", b"{not json", b'{"keys": [{"tenant": 1}]}',

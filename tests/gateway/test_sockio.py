@@ -1,0 +1,168 @@
+"""gateway/_sockio.c: socket I/O through recv/send when preloaded, libc's own for the rest, and
+`python -m gateway` preloading it (gateway/sockio.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway import sockio
+from tests.gateway.conftest import UpstreamFactory, gateway_process, url_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+try:
+    from gateway import _sockio  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - the tests below say what to do
+    pytest.fail("gateway/_sockio.c is not built: run `make install` (it needs a C compiler)",
+                pytrace=False)
+
+SHIM = Path(_sockio.__file__)
+
+
+def preloaded(script: str) -> dict[str, object]:
+    """Run `script` in a Python with the shim preloaded; it prints one JSON object."""
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT,
+                         env={**os.environ, "LD_PRELOAD": str(SHIM)}, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out: dict[str, object] = json.loads(run.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_an_import_alone_takes_nothing_over() -> None:
+    # dlopen comes after libc in the lookup order: only a preload replaces read/write.
+    assert not _sockio.active()
+    assert not sockio.active()
+    assert sockio.shim_path() == SHIM
+
+
+def test_sockets_go_through_recv_and_send_and_everything_else_through_libc(
+        tmp_path: Path) -> None:
+    out = preloaded(f"""
+        import errno, json, os, signal, socket
+        from gateway import _sockio
+        # SIGPIPE's default kills the process: a write to a closed socket must not raise it.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        res = {{"active": _sockio.active()}}
+        s0 = _sockio.counts()
+        a, b = socket.socketpair()
+        assert os.write(a.fileno(), b"hello") == 5
+        res["socket_read"] = os.read(b.fileno(), 100).decode()
+        b.setblocking(False)
+        try:
+            os.read(b.fileno(), 100)
+        except BlockingIOError:
+            res["eagain"] = True  # a non-blocking socket with nothing to read: as read(2)
+        s1 = _sockio.counts()
+        res["by_socket"] = s1[0] - s0[0]
+        # A pipe and a file: libc's read/write, same bytes.
+        r, w = os.pipe()
+        os.write(w, b"piped")
+        res["pipe_read"] = os.read(r, 100).decode()
+        path = {str(tmp_path / "f")!r}
+        with open(path, "wb") as f:
+            f.write(b"filed")
+        with open(path, "rb") as f:
+            res["file_read"] = f.read().decode()
+        s2 = _sockio.counts()
+        res["pipe_file_by_socket"] = s2[0] - s1[0]
+        # An fd number that was a socket, then a file, then a socket again (close forgets it).
+        fd = a.fileno()
+        a.close()
+        fd2 = os.open(path, os.O_RDONLY)
+        res["reused_as_file"] = fd2 == fd and os.read(fd2, 100).decode() == "filed"
+        os.close(fd2)
+        c, d = socket.socketpair()
+        before = _sockio.counts()
+        os.write(c.fileno(), b"x")
+        res["reused_again_by_socket"] = (_sockio.counts()[0] - before[0] == 1
+                                         and d.recv(10) == b"x")
+        # The peer gone: EPIPE, and no SIGPIPE (the process is still here to say so).
+        d.close()
+        try:
+            for _ in range(3):
+                os.write(c.fileno(), b"y" * 65536)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            res["closed_peer"] = errno.errorcode[exc.errno]
+        print(json.dumps(res))
+    """)
+    assert out == {
+        "active": True, "socket_read": "hello", "eagain": True, "by_socket": 3,
+        "pipe_read": "piped", "file_read": "filed", "pipe_file_by_socket": 0,
+        "reused_as_file": True, "reused_again_by_socket": True,
+        "closed_peer": out.get("closed_peer"),
+    }
+    assert out["closed_peer"] in ("EPIPE", "ECONNRESET")
+
+
+def test_settle_takes_the_shim_out_of_what_children_inherit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LD_PRELOAD", f"{SHIM} /opt/other.so")
+    monkeypatch.setenv("LLMSERVE_SOCKIO_EXEC", str(SHIM))
+    sockio.settle(True)
+    assert os.environ["LD_PRELOAD"] == "/opt/other.so"
+    assert "LLMSERVE_SOCKIO_EXEC" not in os.environ
+    monkeypatch.setenv("LD_PRELOAD", str(SHIM))
+    monkeypatch.setenv("LLMSERVE_SOCKIO_EXEC", str(SHIM))
+    sockio.settle(False)
+    assert "LD_PRELOAD" not in os.environ
+
+
+def test_a_tried_preload_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A loader that ignores LD_PRELOAD (secure execution) must not make the gateway exec forever.
+    monkeypatch.setenv("LLMSERVE_SOCKIO_EXEC", str(SHIM))
+    sockio.reexec_with_shim(True)  # returns: it was tried
+    sockio.reexec_with_shim(False)  # returns: not wanted
+
+
+def _maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_python_m_gateway_preloads_it_and_serves_through_it(upstreams: UpstreamFactory) -> None:
+    up = upstreams(tokens=20)
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "max_tokens": 20}
+    direct = httpx.post(url_of(up) + "/v1/chat/completions", json=body, timeout=30)
+    with gateway_process(up, "--log-level", "info") as (gw, url):
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+        assert r.text.count("data: ") == direct.text.count("data: ") >= 20  # every event
+        assert SHIM.name in _maps(gw.pid)  # the same pid: execv replaced the process in place
+        gw.terminate()
+        gw.wait(20)
+        assert gw.stderr is not None
+        log = gw.stderr.read()
+    assert "socket I/O through recv/send" in log, log[-2000:]
+
+
+def test_no_sockio_runs_without_it(upstreams: UpstreamFactory) -> None:
+    with gateway_process(upstreams(), "--no-sockio") as (gw, url):
+        assert httpx.get(url + "/ready").status_code == 200
+        assert SHIM.name not in _maps(gw.pid)
+
+
+@pytest.mark.slow
+def test_the_relay_tests_pass_under_the_shim() -> None:
+    # Back-pressure, partial writes, EOF and resets in the relay and the edge, with every socket
+    # read and write going through recv/send.
+    files = ["tests/gateway/transport/test_h1.py", "tests/gateway/api/test_splice.py",
+             "tests/gateway/test_edge.py"]
+    env = {**os.environ, "LD_PRELOAD": str(SHIM)}
+    probe = subprocess.run(
+        [sys.executable, "-c", "from gateway import _sockio; print(_sockio.active())"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "True"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *files],
+        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout
