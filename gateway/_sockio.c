@@ -14,8 +14,9 @@ none; the paired benchmark measured 2-3% less CPU per request with this file (do
 Semantics: with flags 0, recv on a stream socket is read; send is write, but for SIGPIPE, which
 MSG_NOSIGNAL suppresses (Python ignores SIGPIPE anyway: EPIPE either way). Anything that is not a
 socket answers recv/send with ENOTSOCK, doing nothing, and then gets libc's own call. Which fds are
-sockets is cached per fd number and forgotten on close; the cache is only a hint: a wrong guess
-costs one failed syscall, never a wrong answer, so races between threads are harmless.
+sockets is cached per fd number and forgotten on close (libuv closes its own fds with a raw
+syscall, which this file does not see). The cache is only a hint: a wrong guess costs one failed
+syscall or one plain read/write, never a wrong answer, so races between threads are harmless.
 */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -36,6 +37,8 @@ static ssize_t (*libc_read)(int, void *, size_t);
 static ssize_t (*libc_write)(int, const void *, size_t);
 static int (*libc_close)(int);
 
+/* At load, and again from a call that comes first: another library's constructor may read or
+   write before this one's has run. */
 __attribute__((constructor)) static void resolve(void)
 {
     libc_read = (ssize_t (*)(int, void *, size_t))dlsym(RTLD_NEXT, "read");
@@ -45,6 +48,7 @@ __attribute__((constructor)) static void resolve(void)
 
 ssize_t read(int fd, void *buf, size_t n)
 {
+    if (__builtin_expect(libc_read == NULL, 0)) resolve();
     if (fd >= 0 && fd < KNOWN_FDS && kind[fd] != OTHER) {
         ssize_t r = recv(fd, buf, n, 0);
         if (r >= 0 || errno != ENOTSOCK) {
@@ -60,6 +64,7 @@ ssize_t read(int fd, void *buf, size_t n)
 
 ssize_t write(int fd, const void *buf, size_t n)
 {
+    if (__builtin_expect(libc_write == NULL, 0)) resolve();
     if (fd >= 0 && fd < KNOWN_FDS && kind[fd] != OTHER) {
         ssize_t r = send(fd, buf, n, MSG_NOSIGNAL);
         if (r >= 0 || errno != ENOTSOCK) {
@@ -75,6 +80,7 @@ ssize_t write(int fd, const void *buf, size_t n)
 
 int close(int fd)
 {
+    if (__builtin_expect(libc_close == NULL, 0)) resolve();
     if (fd >= 0 && fd < KNOWN_FDS) kind[fd] = UNKNOWN; /* the number may next be a socket */
     return libc_close(fd);
 }
