@@ -14,7 +14,13 @@ import httpx
 import pytest
 
 from gateway import sockio
-from tests.gateway.conftest import UpstreamFactory, gateway_process, url_of
+from tests.gateway.conftest import (
+    RELAY_TESTS,
+    UpstreamFactory,
+    gateway_process,
+    run_tests_with,
+    url_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,15 +160,5 @@ def test_no_sockio_runs_without_it(upstreams: UpstreamFactory) -> None:
 def test_the_relay_tests_pass_under_the_shim() -> None:
     # Back-pressure, partial writes, EOF and resets in the relay and the edge, with every socket
     # read and write going through recv/send.
-    files = ["tests/gateway/transport/test_h1.py", "tests/gateway/api/test_splice.py",
-             "tests/gateway/test_edge.py"]
-    env = {**os.environ, "LD_PRELOAD": str(SHIM)}
-    probe = subprocess.run(
-        [sys.executable, "-c", "from gateway import _sockio; print(_sockio.active())"],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    assert probe.stdout.strip() == "True"
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *files],
-        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout
+    run_tests_with({"LD_PRELOAD": str(SHIM)}, "__import__('gateway._sockio', fromlist=['_']).active()",
+              (*RELAY_TESTS, "tests/gateway/test_edge.py"))

@@ -9,7 +9,6 @@ twins alone, in a process with LLMSERVE_PURE_PYTHON=1.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 
 from gateway import speedups
 from gateway.api import sse
+from tests.gateway.conftest import RELAY_TESTS, run_tests_with
 
 try:
     from gateway import _speedups
@@ -278,17 +278,8 @@ def test_the_built_extension_is_not_older_than_its_source() -> None:
 
 @pytest.mark.slow
 def test_the_relay_tests_pass_on_the_python_twins() -> None:
-    env = {**os.environ, "LLMSERVE_PURE_PYTHON": "1"}
-    files = ["tests/gateway/transport/test_h1.py", "tests/gateway/api/test_splice.py"]
-    probe = subprocess.run(
-        [sys.executable, "-c", "import gateway.speedups as s; print(s.COMPILED)"],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    assert probe.stdout.strip() == "False"
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *files],
-        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout
+    run_tests_with({"LLMSERVE_PURE_PYTHON": "1"},
+              "not __import__('gateway.speedups', fromlist=['_']).COMPILED", RELAY_TESTS)
 
 
 @pytest.mark.parametrize("kind", [_speedups.FrameSplice, speedups.PyFrameSplice])
