@@ -12,6 +12,7 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field
 setup(ext_modules=[
     Extension("gateway._speedups", sources=["gateway/_speedups.c"], optional=True,
               extra_compile_args=FLAGS),
+    # Not a Python module (no PyInit): a plain shared library, preloaded by path.
     Extension("gateway._sockio", sources=["gateway/_sockio.c"], optional=True,
               extra_compile_args=FLAGS),
 ])

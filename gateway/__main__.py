@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = settings_from_args(sys.argv[1:] if argv is None else argv)
     if argv is None:  # the process's own command line: it can be run again as it is
         sockio.reexec_with_shim(settings.sockio)
+    sockio.scrub()
     try:
         run(settings)
     except (DiscoveryError, KeyFileError) as exc:

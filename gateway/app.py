@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from gateway.transport.aiohttp_transport import AiohttpTransport
 from gateway.transport.base import Transport
 from gateway.transport.h1 import H1Transport
 from gateway.transport.prober import HttpProber
+
+log = logging.getLogger("gateway")
 
 
 class FastLane:
@@ -107,7 +110,10 @@ def build_app(
         # Each pool's ceiling is per available replica (flow/admission.py, Pool.set_replicas).
         # Probes, ejections and discovery change the count; once per probe period is soon enough.
         while True:
-            adm.set_replicas(router.replicas())
+            try:
+                adm.set_replicas(router.replicas())
+            except Exception:  # a bug: say so, keep the last ceilings, and keep following
+                log.exception("following the replicas' count failed")
             await asyncio.sleep(settings.health_interval_s)
 
     @asynccontextmanager

@@ -138,7 +138,7 @@ def run(settings: GatewaySettings) -> None:
                     speedups.BUILT)
     app = build_app(settings)
     # After the app is built: a setting that fails there (a bad keys file) is the one line said.
-    sockio.settle(settings.sockio)
+    sockio.report(settings.sockio)
     state = app.state
     edge = Edge(settings.edge, state.metrics)
     check_fd_limit(settings.edge)

@@ -24,7 +24,7 @@ COPY --from=build /wheels /wheels
 # Python twins, or its socket I/O through read/write: correct, but more CPU.
 RUN pip install --no-cache-dir --no-index --find-links /wheels llmserve \
  && rm -rf /wheels \
- && python3 -c "import gateway._speedups, gateway._sockio"
+ && python3 -c "import gateway._speedups; from gateway import sockio; assert sockio.shim_path()"
 ENV PYTHONUNBUFFERED=1 HOME=/tmp
 USER 10001:10001
 EXPOSE 8000
