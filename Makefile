@@ -35,8 +35,9 @@ $(STAMP): pyproject.toml
 
 # The C extensions (gateway/_speedups.c, the relay; gateway/_sockio.c, the socket shim) are built
 # by the editable install above, once: an edited source would otherwise run beside a stale .so
-# (tests/gateway/test_speedups.py and test_sockio.py check). Without a C compiler they are skipped: the gateway runs
-# its Python twins (gateway/speedups.py) and socket I/O through read/write (gateway/sockio.py).
+# (tests/gateway/test_speedups.py and test_sockio.py check). Without a C compiler they are
+# skipped: the gateway runs its Python twins (gateway/speedups.py) and socket I/O through
+# read/write (gateway/sockio.py).
 $(SPEEDUPS): gateway/_speedups.c gateway/_sockio.c | $(STAMP)
 	$(BIN)/python -m pip install -v --no-deps -e . >.speedups-build.log 2>&1 \
 	  || { tail -n 20 .speedups-build.log; exit 2; }
