@@ -12,7 +12,7 @@ read, the client's write), ~130 per request, and libuv makes them with read and 
 those go through the VFS layer (vfs_read/vfs_write: file position lock, permission and fsnotify
 hooks) before reaching the socket; recv and send go to the socket directly. perf put vfs_read and
 vfs_write at ~4% of the gateway's samples, where nginx and vllm-router (recvfrom, writev) have
-none; the paired benchmark measured 2-3% less CPU per request with this file (docs/benchmarks.md).
+none; the paired benchmark measured 1-3% less CPU per request with this file (docs/benchmarks.md).
 
 Semantics: with flags 0, recv on a stream socket is read; send is write, but for SIGPIPE, which
 MSG_NOSIGNAL suppresses (Python ignores SIGPIPE anyway: EPIPE either way). A zero-length read goes

@@ -290,7 +290,7 @@ class GatewaySettings(BaseSettings):
 
     sockio: bool = Field(
         True, description="socket reads and writes through recv/send (gateway/_sockio.c, "
-                          "preloaded by re-executing python -m gateway): 2-3 percent less CPU"
+                          "preloaded by re-executing python -m gateway): 1-3 percent less CPU"
     )
 
     timeouts: Timeouts = Field(default_factory=lambda: Timeouts())

@@ -107,7 +107,7 @@ def report(wanted: bool) -> None:
         log.info("socket I/O through recv/send (gateway/_sockio.c preloaded)")
     elif shim is not None:
         log.warning("socket I/O through read/write: the preload of %s did not take (LD_PRELOAD "
-                    "ignored, or a space or colon in its path); the gateway runs, at 2-3%% more "
+                    "ignored, or a space or colon in its path); the gateway runs, at 1-3%% more "
                     "CPU", shim)
     elif shim_path() is None:
         log.info("socket I/O through read/write: gateway/_sockio.c is not built")
