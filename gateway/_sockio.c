@@ -72,19 +72,27 @@ static inline int maybe_socket(int fd)
     return fd >= 0 && fd < KNOWN_FDS && kind[fd] != OTHER;
 }
 
+/* After recv/send on a maybe-socket: 1 if the socket answered (r, errno as it left them), else
+   0 with the fd marked OTHER and errno as it was before, for libc's own call to follow. */
+static inline int socket_answered(int fd, ssize_t r, int saved)
+{
+    if (r >= 0 || errno != ENOTSOCK) {
+        kind[fd] = SOCKET;
+        atomic_fetch_add_explicit(&via_socket, 1, memory_order_relaxed);
+        return 1;
+    }
+    kind[fd] = OTHER;
+    errno = saved;
+    return 0;
+}
+
 ssize_t read(int fd, void *buf, size_t n)
 {
     RESOLVED(libc_read);
     if (n > 0 && maybe_socket(fd)) {
         int saved = errno;
         ssize_t r = recv(fd, buf, n, 0);
-        if (r >= 0 || errno != ENOTSOCK) {
-            kind[fd] = SOCKET;
-            atomic_fetch_add_explicit(&via_socket, 1, memory_order_relaxed);
-            return r;
-        }
-        kind[fd] = OTHER;
-        errno = saved;
+        if (socket_answered(fd, r, saved)) return r;
     }
     atomic_fetch_add_explicit(&via_libc, 1, memory_order_relaxed);
     return libc_read(fd, buf, n);
@@ -96,13 +104,7 @@ ssize_t write(int fd, const void *buf, size_t n)
     if (maybe_socket(fd)) {
         int saved = errno;
         ssize_t r = send(fd, buf, n, MSG_NOSIGNAL);
-        if (r >= 0 || errno != ENOTSOCK) {
-            kind[fd] = SOCKET;
-            atomic_fetch_add_explicit(&via_socket, 1, memory_order_relaxed);
-            return r;
-        }
-        kind[fd] = OTHER;
-        errno = saved;
+        if (socket_answered(fd, r, saved)) return r;
     }
     atomic_fetch_add_explicit(&via_libc, 1, memory_order_relaxed);
     return libc_write(fd, buf, n);

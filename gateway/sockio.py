@@ -66,10 +66,8 @@ def counts() -> tuple[int, int]:
 def reexec_with_shim(wanted: bool) -> None:
     """Replace this process with itself under the shim, if wanted, built and not yet tried.
     Returns only when it does not (then `report` says why, once logging is set up)."""
-    if not wanted or os.environ.get(_TRIED) or active():
-        return
     shim = shim_path()
-    if shim is None:
+    if shim is None or not wanted or os.environ.get(_TRIED) or active():
         return
     if any(c.isspace() or c == ":" for c in str(shim)):
         # ld.so splits LD_PRELOAD on spaces and colons: such a path cannot be preloaded.
