@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from bench.gateway_overhead import free_port, start, stop_all, wait_ok
-from bench.real_pace import NGINX_CONF, Round, open_loop, pct
+from bench.real_pace import NGINX_CONF, Round, cpu_busy, open_loop, pct
 
 
 def on_cpu_seconds(pid: int) -> float:
@@ -134,14 +134,19 @@ def main() -> int:
                 # Warm: pools, adaptive limits.
                 asyncio.run(_load(ports, args.rate, 1.5, args.tokens))
                 before = [on_cpu_seconds(proc.pid) for proc, _ in procs]
+                load0 = cpu_busy(1)
                 outs = asyncio.run(_load(ports, args.rate, args.duration, args.tokens))
+                load1 = cpu_busy(1)
+                # The client and the upstream share CPU 1: near 1.0 they, not the proxies, set
+                # the pace, and late sends say the offered rate was not the rate sent.
+                load = (load1[0] - load0[0]) / max(load1[1] - load0[1], 1)
                 for (label, _), (proc, _), c0, out in zip(order, procs, before, outs, strict=True):
                     served = out.served
                     us = (on_cpu_seconds(proc.pid) - c0) / max(served, 1) * 1e6
                     cpu[label].append(us)
                     print(f"repeat {r + 1} {label:10s} served {served} errors "
-                          f"{out.errors} CPU/req {us:6.0f} us TTFT p99 "
-                          f"{pct(out.ttft, .99) * 1e3:.0f} ms", flush=True)
+                          f"{out.errors} late {out.late} CPU/req {us:6.0f} us TTFT p99 "
+                          f"{pct(out.ttft, .99) * 1e3:.0f} ms load core {load:.2f}", flush=True)
             finally:
                 stop_all([proc for proc, _ in procs])
     finally:

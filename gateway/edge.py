@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import urllib.parse
 from asyncio import TimerHandle
 from collections.abc import Callable
 from typing import Any, ClassVar, cast
@@ -39,6 +40,7 @@ from typing import Any, ClassVar, cast
 import httptools
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import Config
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
@@ -47,6 +49,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.server import ServerState
 
 from gateway.api.splice import WRITER_KEY
+from gateway.edge_cycle import EdgeCycle
 from gateway.errors import (
     GatewayError,
     HeadTooLarge,
@@ -272,25 +275,61 @@ class EdgeProtocol(HttpToolsProtocol):
         self._head_begun = False
         self._heads += 1
         self._disarm()
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle.scope is self.scope:  # None/stale: refused or upgraded
-            # The app task has not run yet: the writer is in its scope before its first look.
-            writer = ChunkWriter(cycle)
-            self.scope[WRITER_KEY] = writer  # type: ignore[literal-required]
-            # Pipelined requests queue behind the one running: each may need telling.
-            self._writers = [w for w in self._writers if not w.done()]
-            self._writers.append(writer)
+        # uvicorn's on_headers_complete (0.5x), with an EdgeCycle (gateway/edge_cycle.py) for
+        # uvicorn's cycle and the writer put in the scope before the app's task first runs.
+        parser = self.parser
+        scope = self.scope
+        http_version = parser.get_http_version()
+        scope["method"] = parser.get_method().decode("ascii")
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        if parser.should_upgrade() and self._should_upgrade():
+            return
+        url = httptools.parse_url(self.url)
+        raw_path = url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = url.query or b""
+        app = self.app
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        running = self.cycle
+        cycle = self.cycle = EdgeCycle(
+            scope, self.transport, self.flow, self.server_state.default_headers,
+            http_version != "1.0" and parser.should_keep_alive(), self.expect_100_continue,
+            self.on_response_complete, self.access_log)
+        writer = ChunkWriter(cycle)
+        scope[WRITER_KEY] = writer  # type: ignore[literal-required]
+        # Pipelined requests queue behind the one running: each may need telling.
+        self._writers = [w for w in self._writers if not w.done()]
+        self._writers.append(writer)
+        if running is None or running.response_complete:
+            self._start_asgi_task(cycle, app)
+        else:
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, app))
 
     def on_body(self, body: bytes) -> None:
         self._body_at = self.loop.time()
-        super().on_body(body)
+        cycle = self.cycle
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        if cast(EdgeCycle, cycle).add_body(body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
 
     def on_message_complete(self) -> None:
         self._disarm()
         self._in_head = True
         self._head_room = self._max_head
-        super().on_message_complete()
+        cycle = self.cycle
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        cast(EdgeCycle, cycle).end_body()
 
     def on_response_complete(self) -> None:
         if self.cycle.more_body and not self.pipeline and not self.transport.is_closing():
