@@ -25,7 +25,6 @@ from prometheus_client.registry import Collector
 from gateway.loop_metrics import (
     CounterValue,
     LoopCounter,
-    LoopGauge,
     LoopHistogram,
 )
 
@@ -254,9 +253,12 @@ class GatewayMetrics:
             ["model", "backend", "status"],
             registry=r,
         )
-        self.in_flight = LoopGauge(
-            "llmserve_requests_in_flight", "HTTP requests being served", [], registry=r
-        ).labels()
+        # Read from the server's own set of request tasks at scrape time (gateway/server.py): a
+        # middleware counting them cost a coroutine frame on every suspension of every request.
+        self.in_flight = Gauge(
+            "llmserve_requests_in_flight", "HTTP requests being served on the API listener",
+            registry=r,
+        )
         self.retries = Counter(
             "llmserve_upstream_retries",
             "Attempts moved to another replica before the first byte",

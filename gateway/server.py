@@ -148,6 +148,8 @@ def run(settings: GatewaySettings) -> None:
         port=settings.port,
         # uvloop + httptools: the C event loop and parser carry the per-event cost.
         loop="uvloop",
+        # Said, not guessed: GatewayApp's __call__ is not a coroutine function (gateway/app.py).
+        interface="asgi3",
         # httptools, with the edge's caps and deadlines (gateway/edge.py).
         http=EdgeProtocol.bound(edge),
         lifespan="on",
@@ -168,4 +170,6 @@ def run(settings: GatewaySettings) -> None:
     gc.set_threshold(_GC_GEN0, 20, 20)
     server = _DrainingServer(config, state, edge)
     state.metrics.connections_open.set_function(lambda: len(server.server_state.connections))
+    # uvicorn's set of running request tasks: a request counts from its head to its response's end.
+    state.metrics.in_flight.set_function(lambda: len(server.server_state.tasks))
     server.run()

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: request id, body limit, in-flight gauge.
+"""Pure ASGI middleware: request id, body limit.
 
 Not `BaseHTTPMiddleware`: it buffers through an anyio stream, which breaks SSE pass-through and
 hides `http.disconnect` from the endpoint. Each class here touches only the messages it must, since
@@ -14,7 +14,6 @@ from collections.abc import Awaitable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import PayloadTooLarge, send_error
-from gateway.metrics import GatewayMetrics
 
 
 class RequestIdMiddleware:
@@ -109,20 +108,3 @@ class BodyLimitMiddleware:
         # Made when needed, not per request: an exception object per request showed in py-spy.
         return PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes")
 
-
-class InFlightMiddleware:
-    """Count HTTP requests in flight; per-request labels (model, backend) are the proxy's job."""
-
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
-        self.app = app
-        self.gauge = metrics.in_flight
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        self.gauge.inc()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.gauge.dec()

@@ -81,7 +81,7 @@ def run_gateway(*, expect_ready: bool = True, edge: bool = True,
     app = build_app(s)
     # The production protocol (gateway/edge.py), so every gateway test also drives the edge.
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
-                                           lifespan="on", loop="asyncio",
+                                           lifespan="on", loop="asyncio", interface="asgi3",
                                            http=EdgeProtocol.bound(Edge(s.edge, app.state.metrics))
                                            if edge else "httptools"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -160,7 +160,7 @@ def test_the_serving_loop_sleeps_and_wakes_on_the_signal(
     settings = GatewaySettings(host="127.0.0.1", port=port, backends=[url_of(upstreams())])
     app = build_app(settings)
     server = _DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
-                                            lifespan="on"), app.state)
+                                            lifespan="on", interface="asgi3"), app.state)
     ticks = []
     on_tick = server.on_tick
 
@@ -193,3 +193,33 @@ def test_the_serving_loop_sleeps_and_wakes_on_the_signal(
     assert not thread.is_alive()
     assert time.monotonic() - t0 < 3
     assert app.state.draining
+
+
+def _in_flight(url: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("llmserve_requests_in_flight "):
+            return float(line.split()[1])
+    raise AssertionError("llmserve_requests_in_flight is not exported")
+
+
+def test_requests_in_flight_counts_the_open_streams(upstreams: UpstreamFactory) -> None:
+    """Read from the server's request tasks at scrape time (the scrape counts itself)."""
+    up = upstreams(tokens=40, token_delay_s=0.05)
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with gateway_process(up) as (_, url):
+        idle = _in_flight(url)
+        with httpx.Client(timeout=30) as client:
+            streams = [client.stream("POST", url + "/v1/chat/completions", json=body)
+                       for _ in range(3)]
+            responses = [s.__enter__() for s in streams]
+            try:
+                assert all(r.status_code == 200 for r in responses)
+                assert _in_flight(url) == idle + 3
+            finally:
+                for s in streams:
+                    s.__exit__(None, None, None)
+        deadline = time.monotonic() + 10
+        while _in_flight(url) != idle:  # the hung-up streams end as their disconnects land
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert idle == 1
