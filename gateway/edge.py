@@ -177,6 +177,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._refused = False
         self._linger_room = 0
         self._writers: list[ChunkWriter] = []  # offered to the proxy, one per request
+        self._idle_since: float | None = None  # loop time the last response ended, while idle
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -192,6 +193,10 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        if self.timeout_keep_alive_task is not None:
+            # Dropped now: a pending keep-alive timer would hold this protocol for up to a timeout.
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
         for writer in self._writers:
             if writer.lost is not None:
                 writer.lost()  # a proxied request still running: cancel it
@@ -339,7 +344,41 @@ class EdgeProtocol(HttpToolsProtocol):
             self.edge.event("body_unread", self.client)
             self._linger()
             return
-        super().on_response_complete()
+        # uvicorn's on_response_complete (0.5x), with the keep-alive timer below.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                self._keep_alive_check)
+
+    # -- keep-alive ------------------------------------------------------------------------------
+    # uvicorn arms a new keep-alive timer after every response and cancels it on the next read: a
+    # timer made and dropped per request. Here one timer per connection wakes lazily: a response's
+    # end records when the connection went idle, any read marks it busy, and the timer closes it
+    # only after a whole timeout idle, re-arming for the rest otherwise.
+
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn calls this on every read (and the edge's data_received does): busy again.
+        self._idle_since = None
+
+    def _keep_alive_check(self) -> None:
+        self.timeout_keep_alive_task = None
+        since = self._idle_since
+        if since is None or self.transport.is_closing():
+            return  # busy: the next response's end arms the timer again
+        left = since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_check)
+            return
+        self.transport.close()  # uvicorn's timeout_keep_alive_handler
 
     # -- deadlines -------------------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ class RunningGateway:
 
 
 @contextlib.contextmanager
-def run_gateway(*, expect_ready: bool = True, edge: bool = True,
+def run_gateway(*, expect_ready: bool = True, edge: bool = True, keep_alive_s: float = 5,
                 **settings: Any) -> Iterator[RunningGateway]:
     """A gateway on a free port in a thread; waits until it is up and has probed every backend up
     (unless told not to: a gateway whose backends are dead never gets there). `edge=False` serves
@@ -82,6 +82,7 @@ def run_gateway(*, expect_ready: bool = True, edge: bool = True,
     # The production protocol (gateway/edge.py), so every gateway test also drives the edge.
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
                                            lifespan="on", loop="asyncio", interface="asgi3",
+                                           timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
                                            http=EdgeProtocol.bound(Edge(s.edge, app.state.metrics))
                                            if edge else "httptools"))
     thread = threading.Thread(target=server.run, daemon=True)
