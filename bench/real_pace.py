@@ -349,9 +349,12 @@ def main() -> int:
             headroom(args, targets, up, tmp)
             return 0
         rows: dict[str, list[Round]] = {name: [] for name in targets}
+        names = list(targets)
         for r in range(args.rounds):
-            for name, cmd in targets.items():
-                res = run_round(name, cmd, args, up, tmp)
+            # Each round starts at the next proxy: on a shared VM a fixed order gives one proxy
+            # the same place (first after the idle gap, last before the next round) every time.
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                res = run_round(name, targets[name], args, up, tmp)
                 rows[name].append(res)
                 print(line(name, res, f"round {r + 1}"), flush=True)
         print(f"\n{args.rate:.0f} req/s offered for {args.duration:.0f} s, {args.tokens} tokens "
@@ -368,6 +371,13 @@ def main() -> int:
                   f" | {med(pct(x.ttft, .99) for x in rs) * 1e3:.1f}"
                   f" | {med(x.cpu_s / max(x.served, 1) for x in rs) * 1e6:.0f}"
                   f" | {med(x.cpu_s / x.wall_s for x in rs):.2f} |")
+        first = names[0]
+        for other in names[1:]:
+            ratios = [a.cpu_s / max(a.served, 1) / (b.cpu_s / max(b.served, 1))
+                      for a, b in zip(rows[first], rows[other], strict=True)]
+            print(f"CPU per request {first}/{other} by round: "
+                  + " ".join(f"{x:.2f}" for x in ratios)
+                  + f" (median {statistics.median(ratios):.2f})")
     finally:
         stop_all([upstream])
         shutil.rmtree(tmp, ignore_errors=True)
