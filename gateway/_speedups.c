@@ -21,21 +21,24 @@ Python twins exactly; tests/gateway/test_speedups.py runs both on the same input
 #include <structmember.h>
 #include <string.h>
 
-static PyObject *s_pending, *s_write_paused, *s_last, *s_parse, *s_frame, *s_frame_stopped;
+static PyObject *s_write_paused, *s_parse, *s_frame, *s_frame_stopped;
 /* FrameSplice's own `frame` descriptor: a subclass that overrides `frame` is called through it. */
 static PyObject *c_frame_descr;
 
 /* ---- FrameSplice: the relay's whole-frame entry ---------------------------------------------- */
 
+/* What is read per event lives in these structs where it can: at ~350 open streams each further
+   object an event touches (the relay, the request's Deadline) is a likely cache miss, and
+   reading them cost ~2% of the gateway's CPU at 250 req/s (docs/benchmarks.md, issue 16). */
 typedef struct {
     PyObject_HEAD
-    PyObject *relay;   /* the SseRelay: a held partial event (`pending`) refuses the frame */
     PyObject *gaps;    /* list of float: inter-token gaps, one per event */
     PyObject *write;   /* the client transport's write */
     PyObject *closing; /* the client transport's is_closing */
     PyObject *flow;    /* the server's write flow control (`write_paused`) */
     double last;       /* the previous event's time */
     char blocked;      /* stopped because the client's buffer is full */
+    char held;         /* the relay holds a partial event: frames are refused (kept by Python) */
 } FrameSplice;
 
 static PyTypeObject FrameSpliceType;
@@ -80,13 +83,7 @@ static int splice_frame(FrameSplice *self, PyObject *data, PyObject *nowobj)
         }
     }
     if (end <= 0 || n < 4 || memcmp(p + n - 4, "\n\n\r\n", 4) != 0) return -1;
-    PyObject *relay = self->relay;
-    if (relay == NULL) return missing("_relay");
-    Py_INCREF(relay);
-    int held = truthy_attr(relay, s_pending);
-    Py_DECREF(relay);
-    if (held < 0) return -2;
-    if (held) return -1;
+    if (self->held) return -1;
     if (memmem(p, (size_t)n, "\"usage\":", 8) != NULL) return -1;
     if (n >= 16 && memcmp(p + n - 16, "data: [DONE]\n\n\r\n", 16) == 0) return -1;
     /* Hex digits only (no sign, space, 0x or extension), and the payload's own size: at least
@@ -178,7 +175,6 @@ static PyObject *FrameSplice_frame(FrameSplice *self, PyObject *const *args, Py_
 
 static int FrameSplice_traverse(FrameSplice *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->relay);
     Py_VISIT(self->gaps);
     Py_VISIT(self->write);
     Py_VISIT(self->closing);
@@ -188,7 +184,6 @@ static int FrameSplice_traverse(FrameSplice *self, visitproc visit, void *arg)
 
 static int FrameSplice_clear(FrameSplice *self)
 {
-    Py_CLEAR(self->relay);
     Py_CLEAR(self->gaps);
     Py_CLEAR(self->write);
     Py_CLEAR(self->closing);
@@ -210,13 +205,13 @@ static PyMethodDef FrameSplice_methods[] = {
 };
 
 static PyMemberDef FrameSplice_members[] = {
-    {"_relay", T_OBJECT_EX, offsetof(FrameSplice, relay), 0, NULL},
     {"gaps", T_OBJECT_EX, offsetof(FrameSplice, gaps), 0, NULL},
     {"_write", T_OBJECT_EX, offsetof(FrameSplice, write), 0, NULL},
     {"_closing", T_OBJECT_EX, offsetof(FrameSplice, closing), 0, NULL},
     {"_flow", T_OBJECT_EX, offsetof(FrameSplice, flow), 0, NULL},
     {"last", T_DOUBLE, offsetof(FrameSplice, last), 0, NULL},
     {"blocked", T_BOOL, offsetof(FrameSplice, blocked), 0, NULL},
+    {"held", T_BOOL, offsetof(FrameSplice, held), 0, NULL},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -239,8 +234,8 @@ static PyTypeObject FrameSpliceType = {
 typedef struct {
     PyObject_HEAD
     PyObject *frame;    /* the armed sink's whole-frame entry, or NULL/None */
-    PyObject *deadline; /* the request's Deadline (its `last` is the idle timer's), or None */
     PyObject *time;     /* the loop's clock */
+    double last_read;   /* the loop time of the last read taken whole (the Deadline follows it) */
     char between;       /* the parser stands between two chunks of a chunked body */
 } FrameEntry;
 
@@ -271,14 +266,10 @@ static PyObject *FrameEntry_data_received(FrameEntry *self, PyObject *data)
         Py_DECREF(sink);
         if (more >= 0) {
             /* Taken whole: the parser was not fed and still stands between two chunks. */
-            PyObject *d = self->deadline;
-            if (d != NULL && d != Py_None) {
-                Py_INCREF(d);
-                int rc = PyObject_SetAttr(d, s_last, nowobj);
-                Py_DECREF(d);
-                if (rc < 0) more = -2;
-            }
-            if (more == 2) { /* as the twin: `not more` is asked after the deadline moved */
+            double now = PyFloat_AsDouble(nowobj);
+            if (now == -1.0 && PyErr_Occurred()) more = -2;
+            else self->last_read = now;
+            if (more == 2) { /* as the twin: `not more` is asked after the read's time is kept */
                 more = PyObject_IsTrue(r);
                 if (more < 0) more = -2;
             }
@@ -304,7 +295,6 @@ static PyObject *FrameEntry_data_received(FrameEntry *self, PyObject *data)
 static int FrameEntry_traverse(FrameEntry *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->frame);
-    Py_VISIT(self->deadline);
     Py_VISIT(self->time);
     return 0;
 }
@@ -312,7 +302,6 @@ static int FrameEntry_traverse(FrameEntry *self, visitproc visit, void *arg)
 static int FrameEntry_clear(FrameEntry *self)
 {
     Py_CLEAR(self->frame);
-    Py_CLEAR(self->deadline);
     Py_CLEAR(self->time);
     return 0;
 }
@@ -332,7 +321,7 @@ static PyMethodDef FrameEntry_methods[] = {
 
 static PyMemberDef FrameEntry_members[] = {
     {"_frame", T_OBJECT, offsetof(FrameEntry, frame), 0, NULL},
-    {"deadline", T_OBJECT, offsetof(FrameEntry, deadline), 0, NULL},
+    {"_last_read", T_DOUBLE, offsetof(FrameEntry, last_read), 0, NULL},
     {"_time", T_OBJECT, offsetof(FrameEntry, time), 0, NULL},
     {"_between_chunks", T_BOOL, offsetof(FrameEntry, between), 0, NULL},
     {NULL, 0, 0, 0, NULL},
@@ -363,13 +352,11 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC PyInit__speedups(void)
 {
     if (PyType_Ready(&FrameSpliceType) < 0 || PyType_Ready(&FrameEntryType) < 0) return NULL;
-    s_pending = PyUnicode_InternFromString("pending");
     s_write_paused = PyUnicode_InternFromString("write_paused");
-    s_last = PyUnicode_InternFromString("last");
     s_parse = PyUnicode_InternFromString("_parse");
     s_frame = PyUnicode_InternFromString("frame");
     s_frame_stopped = PyUnicode_InternFromString("_frame_stopped");
-    if (!s_pending || !s_write_paused || !s_last || !s_parse || !s_frame || !s_frame_stopped)
+    if (!s_write_paused || !s_parse || !s_frame || !s_frame_stopped)
         return NULL;
     c_frame_descr = PyDict_GetItemWithError(FrameSpliceType.tp_dict, s_frame);
     if (c_frame_descr == NULL) return NULL;

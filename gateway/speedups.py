@@ -35,16 +35,17 @@ class PyFrameEntry:
     """The upstream connection's `data_received`: a whole frame to the armed sink, else `_parse`.
 
     `_frame` is the armed sink (or None), `_between_chunks` the parser's position (set by the
-    subclass's parser callbacks), `_time` the loop's clock, `deadline` the request's Deadline (its
-    `last` is the idle timer's). A sink that stops being fed (False) calls `_frame_stopped`.
-    In the C type `_between_chunks` must be a bool, and unset slots read as None."""
+    subclass's parser callbacks), `_time` the loop's clock. `_last_read` is the clock's reading
+    at the last read taken whole (the request's Deadline follows it, transport/deadline.py).
+    A sink that stops being fed (False) calls `_frame_stopped`. In the C type `_between_chunks`
+    must be a bool, `_last_read` a float (0.0 until set), and unset object slots read as None."""
 
-    __slots__ = ("_between_chunks", "_frame", "_time", "deadline")
+    __slots__ = ("_between_chunks", "_frame", "_last_read", "_time")
 
     _frame: Any
     _between_chunks: bool
     _time: Callable[[], float]
-    deadline: Any
+    _last_read: float
 
     def data_received(self, data: bytes) -> None:
         framed = self._frame
@@ -53,9 +54,7 @@ class PyFrameEntry:
             more = framed.frame(data, now)
             if more is not None:
                 # Taken whole: the parser was not fed and still stands between two chunks.
-                d = self.deadline
-                if d is not None:
-                    d.last = now
+                self._last_read = now
                 if not more:
                     self._frame_stopped()
                 return
@@ -71,24 +70,25 @@ class PyFrameEntry:
 class PyFrameSplice:
     """The relay's whole-frame entry (transport.base.FrameSink.frame).
 
-    `_relay` is the SseRelay (a held partial event refuses the frame), `gaps` the inter-token gaps
-    (one per event: the frame's, then 0 for each further event in it), `last` the previous event's
-    time, `_write`/`_closing` the client transport's, `_flow` the server's write flow control;
-    `blocked` is set when the client's buffer is full.
+    `held` is True while the relay holds a partial event (frames are then refused; the subclass
+    keeps it, as the relay's own state is one more object per event to read), `gaps` the
+    inter-token gaps (one per event: the frame's, then 0 for each further event in it), `last` the
+    previous event's time, `_write`/`_closing` the client transport's, `_flow` the server's write
+    flow control; `blocked` is set when the client's buffer is full.
 
     The C type's slots are typed where these are not: `gaps` must be a list (the C appends to it
-    directly, past any override of `append`), `last` a float, `blocked` a bool. The C also calls
+    directly, past any override of `append`), `last` a float, `blocked` and `held` bools. The C also calls
     its own `frame` unless the class overrides it (not the instance)."""
 
-    __slots__ = ("_closing", "_flow", "_relay", "_write", "blocked", "gaps", "last")
+    __slots__ = ("_closing", "_flow", "_write", "blocked", "gaps", "held", "last")
 
-    _relay: Any
     _flow: Any
     _write: Callable[[bytes], object]
     _closing: Callable[[], bool]
     gaps: list[float]
     last: float
     blocked: bool
+    held: bool
 
     def frame(self, data: bytes, now: float) -> bool | None:
         """One whole chunk frame taken: True to go on, False to stop (the client's buffer is
@@ -97,7 +97,7 @@ class PyFrameSplice:
         if type(data) is not bytes:
             return None  # the transport reads bytes; anything else is parsed
         end = data.find(b"\r\n", 0, 18)
-        if (end <= 0 or not data.endswith(_FRAME_END) or self._relay.pending
+        if (end <= 0 or not data.endswith(_FRAME_END) or self.held
                 or _USAGE_KEY in data or data.endswith(_DONE_FRAME)):
             return None
         size = data[:end]

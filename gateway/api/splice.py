@@ -73,11 +73,13 @@ class Splice(FrameSplice):
 
     # `frame`, the whole-frame entry, and the slots it reads are FrameSplice's (gateway/speedups.py:
     # C when built): an event that arrives as one whole frame runs no Python.
-    __slots__ = ("_feed", "_now", "final")
+    __slots__ = ("_feed", "_now", "_relay", "final")
 
     def __init__(self, relay: SseRelay, writer: ClientWriter, gaps: list[float], last: float,
                  now: Callable[[], float]) -> None:
         self._relay = relay
+        # Kept in step with the relay's partial event by __call__, the only feeder while armed.
+        self.held = bool(relay.pending)
         self._feed = relay.feed
         self._write = writer.transport.write
         self._closing = writer.transport.is_closing
@@ -91,9 +93,11 @@ class Splice(FrameSplice):
     def __call__(self, chunk: bytes) -> bool:
         # SseRelay.feed's common case inlined (whole events, no usage, not the end): the same four
         # C-level checks it makes, and one Python call less per event.
-        if (self._relay.pending or not chunk.endswith(EVENT_END) or USAGE_KEY in chunk
+        relay = self._relay
+        if (relay.pending or not chunk.endswith(EVENT_END) or USAGE_KEY in chunk
                 or chunk.endswith(DONE_EVENT)):
             out = self._feed(chunk)
+            self.held = bool(relay.pending)
             if not out:
                 return True  # a partial event: held by the relay until its end arrives
         else:
@@ -104,7 +108,7 @@ class Splice(FrameSplice):
         extra = out.count(EVENT_END) - 1  # a C scan of a short chunk
         if extra > 0:
             self.gaps += [0.0] * extra
-        if self._relay.saw_done:
+        if relay.saw_done:
             self.final = out
             return False
         if self._closing():

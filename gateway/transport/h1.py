@@ -52,6 +52,7 @@ class _Conn(FrameEntry, asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self.got_bytes = False
         self.deadline: Deadline | None = None
+        self._last_read = 0.0  # FrameEntry's: the last read taken whole (the deadline follows it)
         # Push mode (`push`): each read's body goes straight to this sink from data_received.
         self._sink: BodySink | None = None
         self._sink_stopped = False
@@ -361,6 +362,7 @@ class H1Transport:
                     conn = await pool.connect(t.connect_s)
                 current[:] = [conn]
                 conn.deadline = deadline
+                deadline.follow(conn)
                 await conn.start(request)
                 if conn.status or conn.got_bytes or fresh:
                     break

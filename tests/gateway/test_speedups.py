@@ -35,11 +35,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
-class Relay:
-    pending: bytes = b""
-
-
-@dataclass
 class Flow:
     write_paused: bool = False
 
@@ -63,8 +58,9 @@ class Client:
 
 
 def splice(kind: type[Any], client: Client, pending: bytes, last: float) -> Any:
+    """A splice whose relay holds `pending` (the subclass keeps `held` in step with it)."""
     s = kind()
-    s._relay = Relay(pending)
+    s.held = bool(pending)
     s._write = client.write
     s._closing = client.is_closing
     s._flow = client.flow
@@ -165,13 +161,6 @@ def test_an_error_in_the_write_propagates() -> None:
 # ---- the connection's data_received ----------------------------------------------------------
 
 
-class Deadline:
-    __slots__ = ("last",)
-
-    def __init__(self) -> None:
-        self.last = -1.0
-
-
 @dataclass
 class Sink:
     """A sink in Python: answers `frame` with `answer`; records its calls."""
@@ -189,6 +178,7 @@ def entry(base: type[Any]) -> Any:
         def __init__(self) -> None:
             self.log: list[Any] = []
             self._time = lambda: 7.0
+            self._last_read = -1.0
 
         def _parse(self, data: bytes) -> None:
             self.log.append(("parse", data))
@@ -202,28 +192,25 @@ def entry(base: type[Any]) -> Any:
 @pytest.mark.parametrize("answer", [None, True, False])
 @pytest.mark.parametrize("between", [False, True])
 @pytest.mark.parametrize("armed", [False, True])
-@pytest.mark.parametrize("with_deadline", [False, True])
-def test_data_received_matches_the_twin(answer: bool | None, between: bool, armed: bool,
-                                        with_deadline: bool) -> None:
+def test_data_received_matches_the_twin(answer: bool | None, between: bool, armed: bool) -> None:
     seen = []
     for base in (_speedups.FrameEntry, speedups.PyFrameEntry):
         conn = entry(base)
         sink = Sink(answer)
         conn._frame = sink if armed else None
         conn._between_chunks = between
-        conn.deadline = Deadline() if with_deadline else None
         assert conn.data_received(b"read") is None
-        seen.append((conn.log, sink.calls,
-                     conn.deadline.last if with_deadline else None))
+        seen.append((conn.log, sink.calls, conn._last_read))
     assert seen[0] == seen[1]
     log, calls, last = seen[0]
     offered = armed and between
     assert calls == ([(b"read", 7.0)] if offered else [])
     if offered and answer is not None:
         assert log == ([] if answer else ["stopped"])
-        assert last == (7.0 if with_deadline else None)
+        assert last == 7.0  # the read's time, for the request's Deadline
     else:
         assert log == [("parse", b"read")]
+        assert last == -1.0  # parsed reads keep their time in Python (transport/h1.py)
 
 
 def test_data_received_calls_a_subclass_override_of_frame() -> None:
@@ -240,7 +227,7 @@ def test_data_received_calls_a_subclass_override_of_frame() -> None:
     client = Client()
     conn = entry(_speedups.FrameEntry)
     s = splice(Counting, client, b"", 0.0)
-    conn._frame, conn._between_chunks, conn.deadline = s, True, None
+    conn._frame, conn._between_chunks = s, True
     conn.data_received(b"9\r\ndata: a\n\n\r\n")
     assert taken == [True] and client.written == [b"9\r\ndata: a\n\n\r\n"] and conn.log == []
 
@@ -308,12 +295,6 @@ def test_a_callee_that_rebinds_what_is_being_called(kind: type[Any]) -> None:
         s.frame(data, 3.0)
 
 
-class Raising:
-    @property
-    def pending(self) -> bytes:
-        raise LookupError("pending")
-
-
 def both(call: Any) -> list[Any]:
     """`call(kind)` for the C type and its twin: what it returned, or the exception's type."""
     out = []
@@ -327,7 +308,7 @@ def both(call: Any) -> list[Any]:
 
 @pytest.mark.parametrize(("data", "now"), [
     (b"1\r\n\n\r\n", 1.0),  # a payload of one LF: the event end would span the size line
-    (b"zz\r\ndata: a\n\n\r\n", 1.0),  # a bad size line, with a relay that raises
+    (b"zz\r\ndata: a\n\n\r\n", 1.0),  # a bad size line
     (bytearray(b"9\r\ndata: a\n\n\r\n"), 1.0),  # not bytes
     (b"8\r\ndata: a\n\n\r\n", "soon"),  # a wrong size, and a `now` that is not a number
     (b"9\r\ndata: a\n\n\r\n", "soon"),  # taken, with a `now` that is not a number
@@ -335,8 +316,6 @@ def both(call: Any) -> list[Any]:
 def test_edge_inputs_end_alike(data: bytes, now: Any) -> None:
     def call(kind: type[Any]) -> Any:
         s = splice(kind, Client(), b"", 0.0)
-        if data.startswith(b"zz"):
-            s._relay = Raising()
         return s.frame(data, now)
 
     c, py = both(call)
@@ -356,13 +335,13 @@ def test_a_clock_that_disarms_the_sink_does_not_free_it_under_the_entry() -> Non
             return 5.0
 
         conn._frame = splice(_speedups.FrameSplice, client, b"", 0.0)
-        conn._time, conn._between_chunks, conn.deadline = clock, True, None
+        conn._time, conn._between_chunks = clock, True
         assert conn.data_received(b"9\r\ndata: a\n\n\r\n") is None
         seen.append((client.written, conn.log))
     assert seen == [([b"9\r\ndata: a\n\n\r\n"], [])] * 2
 
 
-def test_a_sink_answer_whose_truth_raises_propagates_after_the_deadline_moved() -> None:
+def test_a_sink_answer_whose_truth_raises_propagates_after_the_read_time_moved() -> None:
     class Weird:
         def __bool__(self) -> bool:
             raise ValueError("no truth")
@@ -373,7 +352,7 @@ def test_a_sink_answer_whose_truth_raises_propagates_after_the_deadline_moved() 
 
     for base in (_speedups.FrameEntry, speedups.PyFrameEntry):
         conn = entry(base)
-        conn._frame, conn._between_chunks, conn.deadline = Sink(), True, Deadline()
+        conn._frame, conn._between_chunks = Sink(), True
         with pytest.raises(ValueError, match="no truth"):
             conn.data_received(b"x")
-        assert conn.deadline.last == 7.0 and conn.log == []
+        assert conn._last_read == 7.0 and conn.log == []

@@ -36,6 +36,24 @@ def test_whole_events_are_written_and_timed_partial_ones_held() -> None:
     assert gaps == pytest.approx([0.02, 0.04, 0.0])
 
 
+def test_a_held_partial_event_makes_frame_refuse_until_its_end_came() -> None:
+    # `frame` (C when built) reads `held`, not the relay: __call__, the only feeder while the
+    # splice is armed, keeps the two in step. A whole frame after half an event must not jump it.
+    w, gaps, clock = ClientWriter(), [], [0.0]
+    relay = SseRelay(strip_usage=True)
+    relay.feed(b"data: early")  # held before the splice was made (the first read's tail)
+    s = Splice(relay, w, gaps, 0.0, lambda: clock[0])  # type: ignore[arg-type]
+    assert s.held
+    assert s.frame(b"9\r\ndata: x\n\n\r\n", 0.01) is None  # refused: parsed, in order
+    assert s(b"\n\n") is True and not s.held
+    assert w.written == [b"data: early\n\n"]
+    assert s(b"data: b") is True and s.held  # half of the next one
+    assert s.frame(b"9\r\ndata: y\n\n\r\n", 0.02) is None
+    assert s(b"\n\n") is True and not s.held
+    assert s.frame(b"9\r\ndata: z\n\n\r\n", 0.03) is True  # nothing held: taken whole
+    assert w.written == [b"data: early\n\n", b"data: b\n\n", b"data: z\n\n"]
+
+
 def test_done_is_kept_for_asgi_and_usage_stripped() -> None:
     w, gaps, clock = ClientWriter(), [], [0.0]
     s = splice(w, gaps, clock)
