@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from bench.load import latency, throughput
 
@@ -77,10 +78,18 @@ def wait_ok(url: str, timeout_s: float = 30) -> None:
     raise TimeoutError(url)
 
 
-def start(cmd: str, cpu: str, cwd: str | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["taskset", "-c", cpu, *shlex.split(cmd)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, cwd=cwd)
+def start(cmd: str, cpu: str, cwd: str | None = None,
+          stderr: Path | None = None) -> subprocess.Popen[bytes]:
+    """`cmd` pinned to `cpu`, in a session of its own; its stderr to the file `stderr` if given
+    (read it when the process does not come up), else dropped."""
+    err = stderr.open("wb") if stderr is not None else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(["taskset", "-c", cpu, *shlex.split(cmd)],
+                                stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True, cwd=cwd)
+    finally:
+        if stderr is not None:
+            err.close()  # type: ignore[union-attr]  # the child holds its own copy
 
 
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -122,14 +122,21 @@ def main() -> int:
             # (started first, loaded first) stays with one contender.
             order = specs[r % len(specs):] + specs[:r % len(specs)]
             procs = []
-            for _, path in order:
+            for label, path in order:
                 port = free_port()
-                procs.append((start(command(path, port, up, tmp), "0"), port))
+                procs.append((start(command(path, port, up, tmp), "0",
+                                    stderr=tmp / f"{label}-{r + 1}.err"), port))
             try:
-                for (_, path), (_, port) in zip(order, procs, strict=True):
+                for (label, path), (proc, port) in zip(order, procs, strict=True):
                     # nginx and the router answer /health by proxying it: the path works.
-                    wait_ok(f"http://127.0.0.1:{port}/" + ("health" if path[0] == "@" else "ready"),
-                            30)
+                    try:
+                        wait_ok(f"http://127.0.0.1:{port}/"
+                                + ("health" if path[0] == "@" else "ready"), 30)
+                    except TimeoutError:
+                        err = (tmp / f"{label}-{r + 1}.err").read_text(errors="replace")
+                        print(f"repeat {r + 1} {label}: not up in 30 s (exit code {proc.poll()});"
+                              f" its stderr ends:\n{err[-3000:]}", file=sys.stderr)
+                        raise
                 ports = [port for _, port in procs]
                 # Warm: pools, adaptive limits.
                 asyncio.run(_load(ports, args.rate, 1.5, args.tokens))
