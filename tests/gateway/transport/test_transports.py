@@ -268,20 +268,13 @@ class _FrameSink:
         return True
 
 
-async def test_reads_taken_whole_keep_the_idle_deadline_moving() -> None:
+async def test_reads_taken_whole_keep_the_idle_deadline_moving(server: str) -> None:
     # Gaps of 0.2 s under an idle deadline of 0.3 s, 1 s in all: only reads taken whole move the
     # deadline (the connection keeps their time in its own struct; the Deadline follows it).
-    app = web.Application()
-    app.router.add_post("/stream", gappy_stream)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     t = H1Transport(Timeouts(connect_s=1, first_byte_s=5, idle_s=0.3, total_s=10))
     try:
-        resp = await t.post(f"http://127.0.0.1:{port}/stream?gaps=0,0.2,0.2,0.2,0.2,0.2",
-                            b"{}", {}, streaming=True)
+        resp = await t.post(server + "/stream?gaps=0,0.2,0.2,0.2,0.2,0.2", b"{}", {},
+                            streaming=True)
         assert await resp.readany() == b"data: x\n\n"  # the first event, as the relay reads it
         sink = _FrameSink()
         await resp.push(sink)
@@ -290,4 +283,3 @@ async def test_reads_taken_whole_keep_the_idle_deadline_moving() -> None:
         resp.release()
     finally:
         await t.close()
-        await runner.cleanup()
