@@ -16,7 +16,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 
@@ -28,13 +28,6 @@ class CounterValue:
 
     def inc(self, amount: float = 1.0) -> None:
         self.value += amount
-
-
-class GaugeValue(CounterValue):
-    __slots__ = ()
-
-    def dec(self, amount: float = 1.0) -> None:
-        self.value -= amount
 
 
 class HistogramValue:
@@ -72,8 +65,8 @@ class HistogramValue:
         self.sum += sum(ordered)
 
 
-V = TypeVar("V", CounterValue, GaugeValue, HistogramValue)
-Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily
+V = TypeVar("V", CounterValue, HistogramValue)
+Family = CounterMetricFamily | HistogramMetricFamily
 
 
 class _Family(Collector, Generic[V]):
@@ -109,31 +102,15 @@ class _Family(Collector, Generic[V]):
         yield self._family(list(self._children.items()))
 
 
-S = TypeVar("S", CounterMetricFamily, GaugeMetricFamily)
-
-
-def _filled(family: S, children: Iterable[tuple[tuple[str, ...], CounterValue]]) -> S:
-    for key, child in children:
-        family.add_metric(list(key), child.value)
-    return family
-
-
 class LoopCounter(_Family[CounterValue]):
     def _new(self) -> CounterValue:
         return CounterValue()
 
     def _family(self, children: Iterable[tuple[tuple[str, ...], CounterValue]]) -> Family:
-        return _filled(CounterMetricFamily(self._name, self._doc, labels=self._labelnames),
-                       children)
-
-
-class LoopGauge(_Family[GaugeValue]):
-    def _new(self) -> GaugeValue:
-        return GaugeValue()
-
-    def _family(self, children: Iterable[tuple[tuple[str, ...], GaugeValue]]) -> Family:
-        return _filled(GaugeMetricFamily(self._name, self._doc, labels=self._labelnames),
-                       children)
+        family = CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
+        for key, child in children:
+            family.add_metric(list(key), child.value)
+        return family
 
 
 class LoopHistogram(_Family[HistogramValue]):
