@@ -91,7 +91,6 @@ class Router:
         self._pools: dict[str, tuple[tuple[Backend, ...], RouteRequest, RoutingPolicy]] = {}
         self.panics: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._changed = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -110,19 +109,6 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
-
-    async def wait_ready(self, timeout: float) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not self.ready():
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            self._changed.clear()
-            # Short slices: an ejection that runs out changes readiness without any event.
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(left, 0.1))
-        return True
 
     # -- per request (hot path: no awaits, no logging, at most one small list) -------------------
 
@@ -193,7 +179,6 @@ class Router:
         # The engine may be restarting, and a restarted engine has an empty cache: what routing
         # learnt about this one counts as a miss from now on.
         b.cache_life = CacheLife(b)
-        self._changed.set()
 
     def _others_available(self, b: Backend) -> bool:
         """Another backend available for some model `b` serves."""
@@ -280,7 +265,6 @@ class Router:
                 pools.setdefault(m, []).append(b)
         self._pools = {m: (tuple(bs), RouteRequest(m), self._policy_of(m))
                        for m, bs in pools.items()}
-        self._changed.set()
 
     def _policy_of(self, model: str) -> RoutingPolicy:
         if self._policy_for is None:
@@ -338,7 +322,6 @@ class Router:
             # while the pools do not yet list it under its models.
             self._rebuild_pools()
         if was != b.probe_ok:
-            self._changed.set()
             log.info("%s is %s (models: %s)", b.url, "up" if b.probe_ok else "down",
                      ", ".join(sorted(b.models)) or "none")
 

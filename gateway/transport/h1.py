@@ -29,7 +29,6 @@ from gateway.transport.deadline import Deadline
 
 # Unread upstream bytes held per stream before we stop reading the socket (back-pressure).
 _HIGH_WATER = 256 * 1024
-_LOW_WATER = 64 * 1024
 
 
 class _Conn(FrameEntry, asyncio.Protocol):

@@ -82,7 +82,7 @@ async def setup() -> AsyncIterator[Setup]:
     router = Router(Static([A, B, C]), prober, LeastOutstanding(),
                     health_interval_s=3600, eject_after_failures=2, eject_for_s=10, clock=clock)
     await router.start()
-    assert await router.wait_ready(2)
+    await settle(router, router.ready)
     yield router, prober, clock
     await router.stop()
 
@@ -195,7 +195,7 @@ async def test_all_ejected_is_not_ready_but_panic_still_routes() -> None:
                     eject_after_failures=2, eject_for_s=10, max_ejection_percent=100, clock=clock)
     await router.start()
     try:
-        assert await router.wait_ready(2)
+        await settle(router, router.ready)
         for b in router.backends():
             router.report_failure(b)
             router.report_failure(b)
@@ -239,7 +239,7 @@ async def test_probe_loop_marks_down_and_up() -> None:
                     eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
-        assert await router.wait_ready(2)
+        await settle(router, router.ready)
         await settle(router, lambda: len(router.models()) == 1)
         prober.down = {B}
         await settle(router, lambda: {url(router.pick("llama")) for _ in range(4)} == {A})
@@ -257,7 +257,7 @@ async def test_discovery_churn_through_updates() -> None:
     await router.start()
     try:
         disco.put(A)
-        assert await router.wait_ready(2)
+        await settle(router, router.ready)
         assert router.models() == ["llama"]
 
         disco.put(A, B + "/", C)  # scale-up; a trailing slash is the same base URL
@@ -290,7 +290,7 @@ async def test_new_backend_is_unavailable_until_its_first_probe_passes() -> None
     await router.start()
     try:
         disco.put(A)
-        assert await router.wait_ready(2)
+        await settle(router, router.ready)
         disco.put(A, B)  # B still loading its model: /health fails
         await settle(router, lambda: len(router.backends()) == 2)
         assert not backend(router, B).available(0.0)
@@ -307,9 +307,10 @@ async def test_not_ready_until_first_probe_passes() -> None:
                     eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
-        assert not await router.wait_ready(0.2)
+        await asyncio.sleep(0.2)  # four failed probes
+        assert not router.ready()
         prober.models_by_url[A] = ["llama"]
-        assert await router.wait_ready(2)
+        await settle(router, router.ready)
     finally:
         await router.stop()
 
@@ -354,7 +355,7 @@ async def limited_router(prober: FakeProber, urls: list[str], percent: int,
                     eject_after_failures=1, eject_for_s=10, max_ejection_percent=percent,
                     **kw)  # type: ignore[arg-type]
     await router.start()
-    assert await router.wait_ready(2)
+    await settle(router, router.ready)
     await settle(router, lambda: len(router.models()) == 1)
     return router
 
@@ -426,7 +427,7 @@ async def test_policy_per_pool_and_an_engine_restart_forgets_its_cache() -> None
                     eject_after_failures=1, eject_for_s=10, policy_for=policy_for)
     await router.start()
     try:
-        assert await router.wait_ready(2)
+        await settle(router, router.ready)
         await settle(router, lambda: router.models() == ["llama", "qwen"])
         assert router.wants_affinity("llama") and not router.wants_affinity("qwen")
         policy = made["llama"]
@@ -461,7 +462,7 @@ async def test_a_draining_engine_forgets_its_cache_like_a_failed_probe() -> None
                     eject_after_failures=1, eject_for_s=10, policy_for=lambda _: policy)
     await router.start()
     try:
-        assert await router.wait_ready(2)
+        await settle(router, router.ready)
         await settle(router, lambda: router.models() == ["llama"])
         prompt = b"system prompt " * 200
         home = router.pick("llama", (), RouteRequest("llama", None, prompt))
