@@ -12,7 +12,6 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import httpx
 
 from loadtest import gateway_view
-from loadtest.metrics import RequestRecord, StreamTimer, parse_slos, summarize
+from loadtest.metrics import RequestRecord, Run, StreamTimer, parse_slos, summarize
 from loadtest.settings import CompareSettings, settings_from_args
 from loadtest.workloads import Workload
 
@@ -28,17 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 LOCUSTFILE = REPO / "loadtest" / "locustfile.py"
 # In-flight requests finish after the run time (so client and gateway count the same requests).
 STOP_TIMEOUT_S = 300
-
-
-@dataclass
-class Run:
-    label: str
-    model: str
-    level: float
-    round: int
-    records: list[RequestRecord] = field(default_factory=list)
-    wall_s: float = 0.0
-    cross_check: dict[str, Any] | None = None
 
 
 def _say(msg: str) -> None:

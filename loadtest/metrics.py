@@ -69,6 +69,20 @@ class RequestRecord:
         return cls(**json.loads(line))
 
 
+@dataclass
+class Run:
+    """One locust run of one target at one load level and round: its requests as the client
+    recorded them, and how they compare with the gateway's own counters."""
+
+    label: str
+    model: str
+    level: float
+    round: int
+    records: list[RequestRecord] = field(default_factory=list)
+    wall_s: float = 0.0
+    cross_check: dict[str, Any] | None = None
+
+
 class StreamTimer:
     """Feed it each SSE `data:` payload with the time it arrived; `finish` gives the record.
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loadtest import plots
 from loadtest.gateway_view import Layout
+from loadtest.metrics import Run
 from loadtest.settings import CompareSettings
-
-if TYPE_CHECKING:
-    from loadtest.compare import Run
 
 DEFINITIONS = """\
 Definitions (those of `vllm bench serve`, vllm/benchmarks/serve.py, timed by this client from the
