@@ -55,21 +55,3 @@ def test_no_module_imports_a_higher_layer(module: str) -> None:
     higher = sorted(d for d in imports()[module] if rank(d) > rank(module))
     assert not higher, f"{module} (layer {rank(module)}) imports {higher}"
 
-
-def test_no_import_cycles() -> None:
-    graph = imports()
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(module: str, path: list[str]) -> None:
-        state[module] = 1
-        for dep in sorted(graph.get(module, ())):
-            if state.get(dep) == 1:
-                cycle = path[path.index(dep):] + [dep]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if dep in graph and dep not in state:
-                visit(dep, path + [dep])
-        state[module] = 2
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
