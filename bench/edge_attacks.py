@@ -35,52 +35,11 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from bench.gateway_overhead import free_port, wait_ok
+from bench.load import pct
+from bench.procs import fd_count, free_port, rss_mib, wait_ok
 
 REQUEST_LINE = b"GET /v1/models HTTP/1.1\r\nhost: gw\r\n"
 MiB = 1024 * 1024
-
-
-# -- process facts ---------------------------------------------------------------------------------
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-_TCP_LISTEN = "0A"  # the state column of /proc/net/tcp
-
-
-def tcp_sockets(pid: int, *, local_port: int | None = None,
-                remote_port: int | None = None) -> int:
-    """Open fds of `pid` that are TCP connections (listeners excluded) with the given local or
-    remote port on loopback, from /proc/PID/net/tcp (socket inode -> ports, state)."""
-    inodes: set[str] = set()
-    with open(f"/proc/{pid}/net/tcp") as fh:
-        next(fh)
-        for line in fh:
-            cols = line.split()
-            if cols[3] == _TCP_LISTEN:
-                continue
-            local, remote = (int(c.rsplit(":", 1)[1], 16) for c in cols[1:3])
-            if local_port in (None, local) and remote_port in (None, remote):
-                inodes.add(cols[9])
-    n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:[") and link[8:-1] in inodes:
-            n += 1
-    return n
 
 
 # -- header bombs ------------------------------------------------------------------------------------
@@ -243,10 +202,7 @@ class Poller(threading.Thread):
         return max(self.latencies, default=float("nan")) * 1e3
 
     def p99_ms(self) -> float:
-        if not self.latencies:
-            return float("nan")
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3
+        return pct(self.latencies, 0.99) * 1e3
 
 
 # -- connection floods -------------------------------------------------------------------------------

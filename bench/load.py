@@ -17,15 +17,26 @@ from urllib.parse import urlparse
 _TERM = b"\r\n0\r\n\r\n"
 
 
-def build_request(url: str, model: str, tokens: int, path: str = "/v1/chat/completions") -> bytes:
+def build_request(url: str, model: str, tokens: int, path: str = "/v1/chat/completions",
+                  headers: dict[str, str] | None = None, prompt: str = "hi") -> bytes:
+    """One streamed chat completion of `tokens` tokens, as raw HTTP/1.1 bytes."""
     u = urlparse(url)
     body = json.dumps({
         "model": model, "stream": True, "max_tokens": tokens,
-        "messages": [{"role": "user", "content": "hi"}],
+        "messages": [{"role": "user", "content": prompt}],
     }).encode()
-    return (f"POST {path} HTTP/1.1\r\nhost: {u.hostname}:{u.port}\r\n"
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    return (f"POST {path} HTTP/1.1\r\nhost: {u.hostname}:{u.port}\r\n{extra}"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
             ).encode() + body
+
+
+def pct(values: list[float], q: float) -> float:
+    """The `q` quantile of `values` (nearest rank), NaN when there are none."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 class Conn:
@@ -86,20 +97,18 @@ class Result:
         return self.ok / self.seconds if self.seconds else 0.0
 
     def pct(self, q: float) -> float:
-        if not self.ttft:
-            return float("nan")
-        s = sorted(self.ttft)
-        return s[min(len(s) - 1, int(q * len(s)))]
+        return pct(self.ttft, q)
 
     @property
     def p50(self) -> float:
         return statistics.median(self.ttft) if self.ttft else float("nan")
 
 
-async def throughput(url: str, model: str, tokens: int, concurrency: int,
-                     duration_s: float) -> Result:
+async def throughput(url: str, model: str, tokens: int, concurrency: int, duration_s: float,
+                     headers: dict[str, str] | None = None, prompt: str = "hi") -> Result:
+    """Whole streams per second with `concurrency` keep-alive connections in a closed loop."""
     u = urlparse(url)
-    raw = build_request(url, model, tokens)
+    raw = build_request(url, model, tokens, headers=headers, prompt=prompt)
     res = Result()
     # Warm up the connections (and the server's pools) before the clock starts.
     conns = [Conn(u.hostname or "127.0.0.1", u.port or 80) for _ in range(concurrency)]
@@ -125,9 +134,11 @@ async def throughput(url: str, model: str, tokens: int, concurrency: int,
     return res
 
 
-async def latency(url: str, model: str, tokens: int, count: int) -> Result:
+async def latency(url: str, model: str, tokens: int, count: int,
+                  headers: dict[str, str] | None = None, prompt: str = "hi") -> Result:
+    """TTFT of `count` streamed requests one after another on one keep-alive connection."""
     u = urlparse(url)
-    raw = build_request(url, model, tokens)
+    raw = build_request(url, model, tokens, headers=headers, prompt=prompt)
     c = Conn(u.hostname or "127.0.0.1", u.port or 80)
     res = Result()
     for _ in range(20):

@@ -1,22 +1,21 @@
-"""CPU per request of two gateway checkouts, both on one core AT THE SAME TIME, at a real pace.
+"""CPU per request of two or more proxies, all on one core AT THE SAME TIME, at a real pace.
 
-Why: bench/real_pace.py runs proxies one after another, and on a shared machine (vLLM engines of
-other benchmarks on the same cores) the noise between rounds was larger (±15%) than the
-per-request changes to measure. Here both gateways run side by side on CPU 0 under the same
-open-loop load (the paced fake upstream and the client on CPU 1), so whatever else the machine
-does hits both alike. CPU time is each process's exact on-CPU time (/proc/PID/task/*/schedstat),
-not utime/stime, which this kernel samples per tick and which then split one core's ticks between
-the two. Keep the total load well under one core (e.g. 60-100 req/s each): a saturated core gives
-each process its fair share, whatever its work.
+Why: bench/real_pace.py runs proxies one after another, and on a shared machine the noise between
+rounds is larger than the per-request differences to measure. Here the contenders run side by
+side on CPU 0 under the same open-loop load (the paced fake upstream and the client on CPU 1), so
+whatever else the machine does hits them alike. CPU time is each process's exact on-CPU time
+(bench/procs.py). Each contender's requests come i/k of an interval after the first's, and each
+repeat rotates the order in which they start and are loaded: in step, the proxy the client and
+upstream happen to wake first would run on an idle core every time. Keep the total load under
+one core: a saturated core gives each process its fair share, whatever its work. Each repeat
+prints the load core's busy share and the late sends; near 1.0, or with many late sends, the
+load generator fell behind and the repeat does not count.
 
-    python -m bench.paired_cpu new=/path/a old=/path/b [--rate 60] [--duration 6] [--repeats 3]
+    python -m bench.paired_cpu new=/path/a old=/path/b [--rate 60] [--duration 6] [--repeats 4]
 
-A contender may also be another proxy run the same way, for a ratio taken side by side:
-`LABEL=@vllm-router:/path/to/vllm-router` or `LABEL=@nginx` (bench/real_pace.py's setups; nginx's
-CPU includes its worker process), or `LABEL=@floor` (bench/floor_proxy.py: the least a Python relay
-on uvloop costs), or `LABEL=@asgi-floor` (bench/asgi_floor.py: uvicorn and the gateway's transport
-with nothing between them), or `LABEL=@task-floor` (bench/task_floor.py: a task per request on the
-same transport, without uvicorn). With three contenders keep each one's rate lower (e.g. 60).
+A contender is a checkout's gateway (LABEL=DIR, run with DIR as its working directory), or
+another proxy run the same way: `LABEL=@vllm-router:/path/to/vllm-router` or `LABEL=@nginx`
+(bench/real_pace.py's setups; nginx's CPU includes its worker process).
 """
 
 from __future__ import annotations
@@ -29,30 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.gateway_overhead import free_port, start, stop_all, wait_ok
-from bench.real_pace import NGINX_CONF, Round, cpu_busy, open_loop, pct
-
-
-def on_cpu_seconds(pid: int) -> float:
-    """Exact on-CPU time of `pid`'s threads and of its child processes' (nginx's worker)."""
-    total = 0
-    pids = [pid]
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                pids.append(int(stat.parent.name))
-        except (OSError, ValueError):
-            continue
-    for p in pids:
-        for f in Path(f"/proc/{p}/task").glob("*/schedstat"):
-            try:
-                total += int(f.read_text().split()[0])
-            except OSError:
-                continue
-    return total / 1e9
-
-
-_FLOORS = {"@floor": "floor_proxy", "@asgi-floor": "asgi_floor", "@task-floor": "task_floor"}
+from bench.load import pct
+from bench.procs import busy_share, cpu_busy, cpu_seconds, free_port, start, stop_all, wait_ok
+from bench.real_pace import NGINX_CONF, Round, open_loop
 
 
 def command(spec: str, port: int, upstream: int, tmp: Path) -> str:
@@ -60,10 +38,6 @@ def command(spec: str, port: int, upstream: int, tmp: Path) -> str:
     if spec.startswith("@nginx"):
         (tmp / f"nginx-{port}.conf").write_text(NGINX_CONF.format(dir=tmp, up=upstream, port=port))
         return f"nginx -p {tmp} -c {tmp}/nginx-{port}.conf -g 'daemon off;'"
-    if spec in _FLOORS:
-        module = _FLOORS[spec]
-        return (f"{sys.executable} -m bench.{module} --port {port} "
-                f"--upstream 127.0.0.1:{upstream}")
     if spec.startswith("@vllm-router"):
         router = spec.partition(":")[2] or "vllm-router"
         return (f"{router} --host 127.0.0.1 --port {port} --worker-urls http://127.0.0.1:{upstream}"
@@ -76,7 +50,7 @@ def command(spec: str, port: int, upstream: int, tmp: Path) -> str:
 async def _load(ports: list[int], rate: float, duration: float, tokens: int) -> list[Round]:
     # Staggered: contender i's requests (and so its streams' events) come i/k of an interval
     # after the first's. In step, the proxy the client and upstream happen to wake first runs on
-    # an idle core every time and read 4-8% more CPU than an identical copy beside it.
+    # an idle core every time and reads more CPU than an identical copy beside it.
     k = len(ports)
     return list(await asyncio.gather(
         *(open_loop(p, rate, duration, tokens, i / k) for i, p in enumerate(ports))))
@@ -86,8 +60,8 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.paired_cpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkouts", nargs="+", metavar="LABEL=DIR",
-                   help="gateway checkouts (or @vllm-router[:PATH], @nginx, @floor, "
-                        "@asgi-floor, @task-floor); ratios are of the first to each other")
+                   help="gateway checkouts (or @vllm-router[:PATH], @nginx); ratios are of "
+                        "the first to each other")
     p.add_argument("--rate", type=float, default=60.0, help="requests/s to EACH gateway")
     p.add_argument("--duration", type=float, default=6.0, help="measured seconds per repeat")
     p.add_argument("--repeats", type=int, default=4,
@@ -98,8 +72,7 @@ def main() -> int:
     p.add_argument("--ttft-ms", type=float, default=100.0, help="upstream's time to first token")
     p.add_argument("--tail-ms", type=float, default=0.0,
                    help="upstream's time before each event after the last token (finish, usage, "
-                        "[DONE]); 0: at once, as vLLM writes them; -1: --gap-ms, as for a token "
-                        "(this benchmark's pace before 2026-11-25 late)")
+                        "[DONE]); 0: at once, as vLLM writes them; -1: --gap-ms, as for a token")
     p.add_argument("--tokens", type=int, default=64,
                    help="tokens per answer (1: the per-request cost, nearly no per-event cost)")
     args = p.parse_args()
@@ -140,16 +113,15 @@ def main() -> int:
                 ports = [port for _, port in procs]
                 # Warm: pools, adaptive limits.
                 asyncio.run(_load(ports, args.rate, 1.5, args.tokens))
-                before = [on_cpu_seconds(proc.pid) for proc, _ in procs]
+                before = [cpu_seconds(proc.pid) for proc, _ in procs]
                 load0 = cpu_busy(1)
                 outs = asyncio.run(_load(ports, args.rate, args.duration, args.tokens))
-                load1 = cpu_busy(1)
                 # The client and the upstream share CPU 1: near 1.0 they, not the proxies, set
                 # the pace, and late sends say the offered rate was not the rate sent.
-                load = (load1[0] - load0[0]) / max(load1[1] - load0[1], 1)
+                load = busy_share(load0, cpu_busy(1))
                 for (label, _), (proc, _), c0, out in zip(order, procs, before, outs, strict=True):
                     served = out.served
-                    us = (on_cpu_seconds(proc.pid) - c0) / max(served, 1) * 1e6
+                    us = (cpu_seconds(proc.pid) - c0) / max(served, 1) * 1e6
                     cpu[label].append(us)
                     print(f"repeat {r + 1} {label:10s} served {served} errors "
                           f"{out.errors} late {out.late} CPU/req {us:6.0f} us TTFT p99 "

@@ -46,6 +46,7 @@ import boto3
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 
+from bench.procs import free_port
 from model_store.pull import pull
 from model_store.push import push
 from model_store.s3url import S3Url
@@ -57,9 +58,7 @@ PREFIX = "model/main"
 
 @contextmanager
 def moto(log: Path) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-c", "from moto.server import main; main()",

@@ -8,7 +8,7 @@ start, as after a deploy), and the proxies alternate (A B C A B C ...): the mach
 
 Per proxy and round: statuses, TTFT p50/p99 (from the request's scheduled send time, so a late
 client does not hide queueing), CPU per request from the proxy's own CPU time (all its threads and
-processes, /proc), and the share of its core that took.
+processes: bench/procs.py), and the share of its core that took.
 
     python -m bench.real_pace [--rate 250] [--duration 8] [--rounds 2]
         [--router /path/to/vllm-router] [--no-nginx] [--gateway-from before=DIR]
@@ -34,31 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.gateway_overhead import free_port, start, stop_all, wait_ok
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of `pid` and every process below it (nginx's workers, say)."""
-    total = 0.0
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / TICK
-        todo += children.get(p, [])
-    return total
+from bench.load import build_request, pct
+from bench.procs import busy_share, cpu_busy, cpu_seconds, free_port, start, stop_all, wait_ok
 
 
 @dataclass
@@ -77,14 +54,6 @@ class Round:
     @property
     def served(self) -> int:
         return self.statuses.get(200, 0)
-
-
-def _request(port: int, tokens: int) -> bytes:
-    body = (b'{"model":"demo","stream":true,"max_tokens":%d,'
-            b'"messages":[{"role":"user","content":"hi"}]}' % tokens)
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
-            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % (port, len(body))
-            + body)
 
 
 async def _one(port: int, raw: bytes, due: float, idle: list[tuple[asyncio.StreamReader,
@@ -136,7 +105,7 @@ async def open_loop(port: int, rate: float, duration: float, tokens: int,
     """`rate` requests/s at fixed intervals for `duration`; never waits for an answer to send.
     `offset`: the fraction of an interval to wait before the first request."""
     out = Round()
-    raw = _request(port, tokens)
+    raw = build_request(f"http://127.0.0.1:{port}", "demo", tokens)
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     tasks: list[asyncio.Task[None]] = []
     start_t = time.perf_counter() + offset / rate
@@ -197,16 +166,6 @@ def proxies(args: argparse.Namespace, upstream: int, tmp: Path) -> dict[str, str
     return out
 
 
-def cpu_busy(cpu: int) -> tuple[int, int]:
-    """(busy, total) jiffies of one CPU since boot, from /proc/stat."""
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith(f"cpu{cpu} "):
-            v = [int(x) for x in line.split()[1:]]
-            idle = v[3] + v[4]  # idle + iowait
-            return sum(v) - idle, sum(v)
-    raise RuntimeError(f"cpu{cpu} not in /proc/stat")
-
-
 def run_round(name: str, cmd: str, args: argparse.Namespace, upstream: int, tmp: Path,
               rate: float | None = None) -> Round:
     port = free_port()
@@ -228,18 +187,10 @@ def run_round(name: str, cmd: str, args: argparse.Namespace, upstream: int, tmp:
         result = asyncio.run(open_loop(port, rate or args.rate, args.duration, args.tokens))
         result.cpu_s = cpu_seconds(proc.pid) - cpu0
         result.wall_s = time.perf_counter() - t0
-        load1 = cpu_busy(1)
-        result.load_share = (load1[0] - load0[0]) / max(load1[1] - load0[1], 1)
+        result.load_share = busy_share(load0, cpu_busy(1))
         return result
     finally:
         stop_all([proc])
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def line(name: str, res: Round, label: str) -> str:
@@ -311,8 +262,7 @@ def main() -> int:
     p.add_argument("--ttft-ms", type=float, default=100.0, help="upstream time to first token")
     p.add_argument("--tail-ms", type=float, default=0.0,
                    help="upstream's time before each event after the last token (finish, usage, "
-                        "[DONE]); 0: at once, as vLLM writes them; -1: --gap-ms, as for a token "
-                        "(this benchmark's pace before 2026-11-25 late)")
+                        "[DONE]); 0: at once, as vLLM writes them; -1: --gap-ms, as for a token")
     p.add_argument("--router", help="vllm-router binary (default: on PATH)")
     p.add_argument("--no-nginx", action="store_true", help="leave nginx out")
     p.add_argument("--only", action="append", default=[], help="measure only these proxies")

@@ -31,9 +31,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
-from bench.edge_attacks import fd_count, rss_mib, tcp_sockets
-from bench.gateway_overhead import free_port, start, stop_all, wait_ok
 from bench.load import Conn, build_request
+from bench.procs import fd_count, free_port, rss_mib, start, stop_all, tcp_sockets, wait_ok
 
 
 @dataclass

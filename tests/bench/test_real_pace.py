@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from bench.fake_upstream import Behaviour, start_in_thread
-from bench.real_pace import Round, _spans, cpu_busy, open_loop, pct, sustained
+from bench.load import pct
+from bench.real_pace import Round, _spans, open_loop, sustained
 
 
 def test_paced_upstream_and_open_loop_client() -> None:
@@ -37,13 +38,6 @@ def test_a_step_is_sustained_only_if_all_served_within_the_added_p99() -> None:
     assert not sustained(Round(statuses={200: 99, 503: 1}, ttft=ttft), 100, 100)[0]
     assert not sustained(Round(statuses={200: 100}, errors=1, ttft=ttft), 100, 100)[0]
     assert not sustained(Round(), 100, 100)[0]  # nothing sent, nothing proven
-
-
-def test_cpu_busy_counts_up() -> None:
-    busy0, total0 = cpu_busy(0)
-    sum(range(2_000_000))
-    busy1, total1 = cpu_busy(0)
-    assert 0 <= busy0 <= busy1 and total0 <= total1 and busy0 <= total0
 
 
 def test_refusals_are_timed_from_the_rounds_start() -> None:

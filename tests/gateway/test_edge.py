@@ -30,16 +30,14 @@ from bench.edge_attacks import (
     Poller,
     attack,
     chunked_body,
-    fd_count,
     hold_connections,
     huge_value,
     idle_flood,
     many_headers,
     numbered_headers,
-    rss_mib,
-    tcp_sockets,
 )
 from bench.fake_upstream import Behaviour, start_in_thread
+from bench.procs import fd_count, rss_mib, tcp_sockets
 from gateway.edge import Edge
 from gateway.metrics import GatewayMetrics
 from gateway.settings import EdgeSettings, GatewaySettings
