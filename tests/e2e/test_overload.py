@@ -57,7 +57,7 @@ def test_a_burst_gets_200s_and_fast_503s_only(stack: LocalStack, model_name: str
     # Wall-clock bounds do not belong here: this client opens 160 connections at once on 2 cores
     # that the engines keep busy, and one CI run saw every answer, 503 or not, take >= 0.88 s.
     # Side by side in the same run, though, the typical refusal must come back before the typical
-    # admitted stream has finished. The gateway's own refusal time: bench/flow_overhead.py.
+    # admitted stream has finished. The gateway's own refusal time: bench.gateway_overhead --flow.
     refusals.sort()
     served.sort()
     assert refusals[len(refusals) // 2] < served[len(served) // 2], (refusals, served)

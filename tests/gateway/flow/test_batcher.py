@@ -94,7 +94,7 @@ async def test_idle_adds_no_window_and_single_request_is_sent_as_is() -> None:
     b = make(engine, max_delay_s=1.0)
     t0 = time.perf_counter()
     r = await b.submit("demo", req("solo"), batch_key(req("solo")) or b"")
-    # Well under the 1 s window it would have waited (bench/flow_overhead: +0.05 ms at c=1).
+    # Well under the 1 s window it would have waited (`bench.gateway_overhead --flow` times it).
     assert time.perf_counter() - t0 < 0.5
     assert engine.calls == [req("solo")]  # untouched: no list, no return_token_ids
     assert r.status == 200 and r.prompt_tokens == 4

@@ -51,7 +51,7 @@ def test_rpm_limit_is_429_fast_with_retry_after(upstreams: UpstreamFactory,
                 assert c.post("/v1/completions", json=BODY, headers=auth("sk-small")).is_success
             sent = up.completions
             r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
-            # Refused before any upstream work (the < 50 ms figure is bench/flow_overhead.py's).
+            # Refused before any upstream work (how fast: `bench.gateway_overhead --flow`).
             assert up.completions == sent
             assert_openai_error(r, 429, "rate_limit_exceeded")
             assert 15 <= int(r.headers["retry-after"]) <= 21  # 3/min: one back every 20 s
@@ -100,7 +100,7 @@ async def test_overload_is_503_fast_and_admitted_ones_succeed(upstreams: Upstrea
             if status == 503:
                 assert_openai_error(r, 503, "overloaded")
         # Refused at the door: the upstream saw only the admitted ones. (How fast a refusal is,
-        # is measured out of process by bench/flow_overhead.py and bench/flow_engine.py.)
+        # is measured out of process by `bench.gateway_overhead --flow` and bench/flow_engine.py.)
         assert up.completions == statuses.count(200)
         assert 'llmserve_concurrency_limit{pool="demo"}' in text
         assert 'llmserve_queue_depth{pool="demo"} 0.0' in text
