@@ -21,7 +21,12 @@ Phases (each waits until the engines are idle again, so one cannot tax the next)
    light's fair share is all it asks for (it wants less than half the capacity);
 4. batching: short non-streaming /v1/completions at `--batch-concurrency`, closed loop,
    alternating rounds through `batch` (batcher on, admission control off) and `plain`; req/s
-   counts only whole 200 answers.
+   counts only whole 200 answers;
+5. throughput (not in the default list): output tok/s at `--concurrency` streams, direct to the
+   workers (the client spreads its streams over them) and through the gateway as `make up` runs
+   it (flow control on, sized for vLLM-CPU), `--throughput-requests` per round in alternating
+   rounds, tokens counted from the usage chunk. What the gateway costs the engines' throughput;
+   with `--workers 1` the direct path needs no balancing at all.
 
 Streams are chat completions of `--tokens` tokens with ignore_eos, so all cost the same.
 """
@@ -43,6 +48,8 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.load import pct
+from bench.procs import schedstat
 from devstack.procs import Proc
 from devstack.stack import LocalStack, wait_http_ok
 from gateway.flow.keys import hash_key
@@ -68,13 +75,6 @@ class Outcome:
 class Gateways:
     procs: list[Proc] = field(default_factory=list)
     urls: dict[str, str] = field(default_factory=dict)
-
-
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def error_shape_ok(raw: bytes) -> tuple[bool, str]:
@@ -189,17 +189,61 @@ async def batch_round(url: str, model: str, concurrency: int, n: int) -> tuple[f
         return (n - bad) / (time.perf_counter() - t0), bad
 
 
-def sched_s(pid: int) -> tuple[float, float]:
-    """(seconds on a CPU, seconds runnable but waiting for one) over all threads of `pid`, from
-    /proc/<pid>/task/*/schedstat: how much of a latency tail is just waiting for a core."""
-    run = wait = 0
-    for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
-        try:
-            fields = (task / "schedstat").read_text().split()
-        except OSError:
-            continue
-        run, wait = run + int(fields[0]), wait + int(fields[1])
-    return run / 1e9, wait / 1e9
+async def throughput_round(urls: list[str], model: str, concurrency: int, requests: int,
+                           tokens: int) -> tuple[float, int, list[float]]:
+    """`requests` streams of `tokens` tokens, `concurrency` in flight, client i on urls[i % n]:
+    (seconds, output tokens from the usage chunks, TTFTs)."""
+    body = {"model": model, "stream": True, "max_tokens": tokens, "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}]}
+    total = 0
+    ttfts: list[float] = []
+    todo = list(range(requests))
+
+    async def client(session: aiohttp.ClientSession, url: str) -> None:
+        nonlocal total
+        while todo:
+            todo.pop()
+            t0 = time.perf_counter()
+            first = True
+            async with session.post(url + "/v1/chat/completions", json=body,
+                                    headers={"Authorization": f"Bearer {KEYS['light']}"}) as r:
+                r.raise_for_status()
+                async for line in r.content:
+                    if first and line.startswith(b"data: "):
+                        ttfts.append(time.perf_counter() - t0)
+                        first = False
+                    if line.startswith(b"data: {") and b'"usage":{' in line:
+                        total += json.loads(line[6:])["usage"]["completion_tokens"]
+
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+        await asyncio.gather(*(client(s, urls[i % len(urls)]) for i in range(concurrency)))
+    return time.perf_counter() - t0, total, ttfts
+
+
+def throughput_phase(stack: LocalStack, model: str, args: argparse.Namespace) -> None:
+    """Direct to the workers against through the stack's own gateway, alternating rounds."""
+    stack.start_gateway()
+    stack.wait_gateway()
+    targets = {"direct": stack.worker_urls, "gateway": [stack.gateway_url]}
+    asyncio.run(throughput_round([stack.gateway_url], model, 4, 8, 16))  # warm-up
+    tok_s: dict[str, list[float]] = {n: [] for n in targets}
+    ttft: dict[str, list[float]] = {n: [] for n in targets}
+    for r in range(args.rounds):
+        for name, urls in targets.items():
+            secs, toks, t = asyncio.run(throughput_round(
+                urls, model, args.concurrency, args.throughput_requests, args.tokens))
+            tok_s[name].append(toks / secs)
+            ttft[name] += t
+            print(f"  round {r + 1} {name:8s} {toks / secs:7.1f} tok/s ({toks} tokens, "
+                  f"{secs:.1f} s, TTFT p50 {statistics.median(t) * 1e3:.0f} ms)", flush=True)
+    d, g = statistics.median(tok_s["direct"]), statistics.median(tok_s["gateway"])
+    print(f"throughput: {args.workers} worker(s), {args.concurrency} concurrent streams of "
+          f"{args.tokens} tokens, median of {args.rounds} rounds: direct {d:.1f} tok/s, through "
+          f"the gateway {g:.1f} tok/s, ratio {g / d:.3f}; TTFT p50 direct "
+          f"{statistics.median(ttft['direct']) * 1e3:.0f} ms, gateway "
+          f"{statistics.median(ttft['gateway']) * 1e3:.0f} ms")
 
 
 def set_engine_nice(stack: LocalStack, nice: int) -> list[str]:
@@ -259,11 +303,12 @@ def overload_round(label: str, gws: Gateways, name: str, model: str, rate: float
                    args: argparse.Namespace) -> None:
     """One open-loop overload run through gateway `name`, reported with its scheduler figures."""
     gw_pid = next(p.pid for p in gws.procs if p.name == f"gateway-{name}")
-    before = sched_s(gw_pid)
+    before = schedstat(gw_pid)
     res = asyncio.run(open_loop(gws.urls[name], model, args.tokens, {"light": rate},
                                 args.duration, timeout_s=600))
     report_overload(label, res, args.duration)
-    run, wait = (b - a for a, b in zip(before, sched_s(gw_pid), strict=True))
+    # Time waiting for a core: how much of a latency tail is the shared machine's, not ours.
+    run, wait = (b - a for a, b in zip(before, schedstat(gw_pid), strict=True))
     print(f"         gateway process: {run:.2f} s on a CPU, {wait:.2f} s runnable but waiting "
           "for one", flush=True)
 
@@ -324,7 +369,8 @@ def main() -> int:
     p.add_argument("--model-dir", type=Path, required=True, help="the demo model directory")
     p.add_argument("--workers", type=int, default=2, help="vLLM-CPU replicas (one core each)")
     p.add_argument("--phases", default="capacity,overload,fairness,batching",
-                   help="comma-separated subset of capacity,overload,fairness,batching")
+                   help="comma-separated subset of capacity,overload,fairness,batching,"
+                        "throughput")
     p.add_argument("--tokens", type=int, default=32, help="tokens per streamed answer")
     p.add_argument("--concurrency", type=int, default=32, help="streams for the capacity phase")
     p.add_argument("--capacity", type=float, default=0.0,
@@ -333,7 +379,10 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=60.0, help="seconds per open-loop phase")
     p.add_argument("--batch-concurrency", type=int, default=64)
     p.add_argument("--batch-requests", type=int, default=256, help="requests per batching round")
-    p.add_argument("--rounds", type=int, default=3, help="batching rounds per variant")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="batching and throughput rounds per variant")
+    p.add_argument("--throughput-requests", type=int, default=64,
+                   help="streams per throughput round")
     p.add_argument("--engine-nice", default="",
                    help="comma-separated autogroup nice values for the engines' sessions (the "
                         "stack starts them at 10): before the overload phase, a flow round runs "
@@ -345,7 +394,7 @@ def main() -> int:
     phases = set(args.phases.split(","))
     logs = Path(tempfile.mkdtemp(prefix="flow-bench-"))
     stack = LocalStack(args.model_dir, workers=args.workers, worker_base_port=18201,
-                       log_dir=logs)
+                       gateway_port=18299, log_dir=logs)
     model = args.model_dir.name
     gws: Gateways | None = None
     try:
@@ -356,7 +405,7 @@ def main() -> int:
         asyncio.run(closed_loop(u["plain"], model, 8, 4, 10))  # warm-up
         wait_idle(stack)
         cap = args.capacity
-        if "capacity" in phases or not cap:
+        if "capacity" in phases or (not cap and bool(phases & {"overload", "fairness"})):
             cap = asyncio.run(closed_loop(u["plain"], model, args.tokens, args.concurrency, 30))
             print(f"capacity: {cap:.2f} streams/s of {args.tokens} tokens at "
                   f"{args.concurrency} concurrent ({args.workers} worker(s))", flush=True)
@@ -394,6 +443,9 @@ def main() -> int:
             on, off = statistics.median(got["batch on"]), statistics.median(got["batch off"])
             print(f"batching: {args.batch_concurrency} concurrent 8-token completions, median "
                   f"of {args.rounds}: on {on:.1f} req/s, off {off:.1f} req/s, ratio {on / off:.2f}")
+        if "throughput" in phases:
+            wait_idle(stack)
+            throughput_phase(stack, model, args)
     finally:
         for proc in gws.procs if gws else []:
             proc.stop()
