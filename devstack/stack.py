@@ -23,8 +23,8 @@ def _progress(procs: list[Proc]) -> list[tuple[int, float]]:
 
 
 # A start that makes progress uses at least this share of a core. The worker's launcher polls
-# while vLLM starts (about 0.1 s of CPU in 5 min), so "any CPU at all" let a vLLM stuck in the
-# kernel under a live launcher pass for a slow start: seen for 18 minutes in a rolling restart.
+# while vLLM starts, using a little CPU itself, so "any CPU at all" would let a vLLM stuck in the
+# kernel under a live launcher pass for a slow start.
 STALL_CPU_SHARE = 0.01
 
 
@@ -62,14 +62,14 @@ def wait_http_ok(url: str, timeout_s: float, procs: list[Proc],
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s")
 
 
-# A vLLM-CPU start that neither logs nor uses CPU for this long is hung (a healthy one logs at
-# least every ~100 s on a quiet machine, and uses CPU all along).
+# A vLLM-CPU start that neither logs nor uses CPU for this long is hung (a healthy one logs well
+# within it even through its longest step, the compile warm-up, and uses CPU all along).
 STALL_S = 300.0
 
 
 # The gateway's default TTFT target (4 s, 1 s of it queueing) suits GPU engines. One vLLM-CPU
-# replica per core takes 3-5 s to the first token of a 32-stream burst with nothing wrong, and at
-# that target admission control would refuse part of every burst the local stack can serve.
+# replica per core takes seconds to the first token of a 32-stream burst with nothing wrong, and
+# at that target admission control would refuse part of every burst the local stack can serve.
 CPU_FLOW_ARGS = ("--flow.ttft-target-s", "20", "--flow.queue-timeout-s", "5")
 
 
@@ -115,8 +115,8 @@ class LocalStack:
             "--cpu-threads-bind", str(i % cores),
             # The worker drains its requests in flight for up to this long before it stops vLLM.
             "--drain-timeout-s", str(self.drain_timeout_s),
-            # The gateway shares these cores; without this it waited ~5 ms for a core per ms
-            # of work under overload, and refusals took up to 0.85 s instead of ~20 ms.
+            # The gateway shares these cores; at the engines' priority it waits for a core
+            # under overload and its refusals slow down (docs/benchmarks.md, flow control).
             "--nice", str(self.engine_nice),
         ]
         return Proc(f"worker-{i}", argv, env, self.log_dir / f"worker-{i}.log")
@@ -137,10 +137,10 @@ class LocalStack:
     def _wait_worker(self, i: int, timeout_s: float) -> None:
         """Until worker `i` is healthy. A start that hangs (no log line and no CPU used for
         STALL_S) is killed and started once more, as a Kubernetes startupProbe would; the log says
-        so. A start that is only slow, starved of CPU by its neighbours, is waited for. (Seen here:
-        a restarted vLLM-CPU stuck for 18 min in the kernel's affinity change that torch's MKL
-        makes at import, with 0.28 s of CPU; worker/startup_cpus.py now keeps that from happening,
-        and this catches it if something else ever does the same.)"""
+        so. A start that is only slow, starved of CPU by its neighbours, is waited for. (A
+        restarted vLLM-CPU can hang in the kernel's affinity change that torch's MKL makes at
+        import; worker/startup_cpus.py keeps that from happening, and this catches it if something
+        else ever does the same.)"""
         url = self.worker_urls[i] + "/health"
         try:
             wait_http_ok(url, timeout_s, [self.worker_procs[i]], stall_s=STALL_S)

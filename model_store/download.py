@@ -6,10 +6,10 @@ already on disk (a `Range` that starts where it stopped), both after a crash (pr
 after a broken stream within this run. A single-part file fetched from byte 0 is hashed while it
 streams; the others are hashed from disk by the thread that finishes their last part.
 
-Why not boto3's s3transfer: measured side by side (`python -m bench.pull_throughput`, 8 x 128 MB on
-loopback S3, 2026-11-25), pull moved 184 MB/s and s3transfer doing the same job (all files on one
-TransferManager, 64 MiB ranged GETs on 8 threads, then SHA-256 and fsync per file) 144 MB/s; and
-s3transfer cannot resume a file at a byte offset, which a killed pull does (tested).
+Why not boto3's s3transfer: doing the same job (all files on one TransferManager, the same parts
+and threads, then SHA-256 and fsync per file) it was slower, measured side by side
+(`python -m bench.pull_throughput`, docs/benchmarks.md), since it hashes in one thread after the
+transfers; and it cannot resume a file at a byte offset, which a killed pull does (tested).
 """
 
 from __future__ import annotations

@@ -124,7 +124,8 @@ def yield_cpu(pid: int, nice: int) -> None:
     kernel first shares the CPUs between sessions, weighted by each session's autogroup nice; a
     process's own nice only weighs it against the rest of its session. The engine runs in a
     session of its own, so a plain renice changes nothing against a gateway on the same cores
-    (measured: refusal p99 unchanged), while the autogroup's nice does. The process nice is set as
+    (the gateway's refusal latency stayed as it was, docs/benchmarks.md), while the autogroup's
+    nice does. The process nice is set as
     well for kernels without autogroup; vLLM forks its EngineCore after seconds of imports, and
     the child inherits it.
     """

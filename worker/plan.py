@@ -8,8 +8,8 @@ Tensor parallel stays inside a node, pipeline stages take whole TP groups, data-
 take the rest. For every layout considered, feasible or not: memory per GPU, KV-cache tokens,
 concurrent sequences at `--max-model-len`, and a memory-bandwidth roofline for decode (every
 decode step reads all the weights: TP reads them from its GPUs at once, PP one stage after the
-other). Rooflines are upper bounds; measured decode is typically 60-80% of them (Qwen2.5-72B on
-2 x A100-80GB: TP=2 18.7 and PP=2 10.7 tok/s measured, 67% and 76% of 28.0 and 14.0).
+other). Rooflines are upper bounds: measured decode falls short of them (the README's Qwen2.5-72B
+example on 2 x A100-80GB gives the measured figures beside the rooflines).
 """
 
 from __future__ import annotations
