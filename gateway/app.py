@@ -41,8 +41,8 @@ class FastLane:
 
     Why: FastAPI/Starlette wrap `send` three times (server errors, exceptions, exit stack), and a
     wrapper on `send` runs once per SSE event. The proxy owns its error handling (OpenAI shape,
-    in-band stream errors), so those layers add cost and nothing else on this path. Measured in
-    bench/gateway_overhead.py; see README, performance.
+    in-band stream errors), so those layers add cost and nothing else on this path (measured with
+    bench/gateway_overhead.py).
     """
 
     def __init__(self, app: ASGIApp, endpoints: dict[str, ProxyEndpoint]) -> None:
@@ -179,9 +179,9 @@ class GatewayApp:
 
     An ASGI 3 app whose `__call__` is a plain function handing back the middleware's awaitable:
     a coroutine here would be one more frame that every suspension and resumption of every
-    request passes through (bench.paired_cpu: 0.6% of the CPU per streamed request, with the
-    in-flight middleware). uvicorn tells ASGI 3 from ASGI 2 by a coroutine `__call__`, so a
-    uvicorn.Config serving this must say `interface="asgi3"` (gateway/server.py does)."""
+    request passes through (measured with bench.paired_cpu, docs/benchmarks.md). uvicorn tells
+    ASGI 3 from ASGI 2 by a coroutine `__call__`, so a uvicorn.Config serving this must say
+    `interface="asgi3"` (gateway/server.py does)."""
 
     def __init__(self, asgi: ASGIApp, api: FastAPI, state: GatewayState) -> None:
         self._asgi = asgi

@@ -56,11 +56,11 @@ class FlowSettings(BaseModel):
         1.0, gt=0, description="longest wait in the gateway queue before a 503"
     )
     max_queue: int = Field(512, ge=0, description="queued requests per pool before 503")
-    # 64, not 32: slow start grows the limit a slot per first token, so it lags the demand by
-    # (arrival rate x TTFT) minus this. At 32 a cold gateway queued and delayed streams from
-    # 320/s at 100 ms TTFT (p99 +284 ms at 400/s); at 64 it sustained 600/s, as vllm-router did
-    # (bench/real_pace.py --headroom). Under real overload the limit leaves its start within
-    # seconds either way (bench/flow_engine.py: ~250 on two vLLM-CPU engines from 32 or 64).
+    # Slow start grows the limit a slot per first token, so a cold gateway lags the demand by
+    # (arrival rate x TTFT) minus this, and queues meanwhile: 64 lets a cold gateway take as high
+    # a rate as vllm-router at 100 ms TTFT, where 32 did not (bench/real_pace.py --headroom).
+    # Under real overload the limit leaves its start within seconds either way
+    # (bench/flow_engine.py); docs/benchmarks.md has both figures.
     initial_limit: int = Field(64, ge=1, description="starting concurrency limit per pool")
     min_limit: int = Field(2, ge=1, description="floor of the adaptive concurrency limit")
     max_limit: int = Field(
@@ -130,9 +130,9 @@ class BatchSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # Off by default: on vLLM-CPU, 64 concurrent short completions ran at 25.9 req/s with it and
-    # 25.6 without (bench/flow_engine.py); the engine batches continuously anyway, so coalescing
-    # only saves per-request HTTP work, which was not the bottleneck there.
+    # Off by default: on vLLM-CPU it did not raise the throughput of short completions
+    # (bench/flow_engine.py, docs/benchmarks.md); the engine batches continuously anyway, so
+    # coalescing only saves per-request HTTP work, which was not the bottleneck there.
     enabled: bool = Field(False, description="coalesce compatible non-streaming completions")
     max_size: int = Field(16, ge=1, le=256, description="most prompts in one upstream request")
     max_delay_s: float = Field(

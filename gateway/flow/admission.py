@@ -15,9 +15,8 @@ A request that did get into the queue was promised service within the timeout, s
 estimate proves too hopeful (usually because the limit was cut while it waited) it is sent at its
 deadline, above the limit, rather than refused after a wasted second: every refusal stays fast,
 its TTFT stays within the target (queue timeout + the engines' share), and the overshoot is bounded
-by the few requests the estimate let into the queue (`llmserve_queue_overflows_total`). Measured on
-the real engine at 2x load, refusing them instead made 1 in 10 to 1 in 25 refusals take the whole
-timeout.
+by the few requests the estimate let into the queue (`llmserve_queue_overflows_total`). Refusing
+them instead makes some refusals take the whole timeout (docs/benchmarks.md, flow control).
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ from gateway.settings import FlowSettings
 # Queue a request only if it is expected to get its slot within this share of the queue timeout.
 # The estimate rests on a noisy drain rate, and a limit cut slows the drain for whoever already
 # waits; a request refused now hears so in milliseconds, one that times out waited the whole
-# timeout for the same 503 (bench/flow_engine.py on the real engine at 2x load: with the estimate
-# taken at face value, refusals had p50 3 ms but p99 over 1 s, i.e. queue timeouts).
+# timeout for the same 503 (with the estimate taken at face value, the slowest refusals at 2x load
+# on the real engine were queue timeouts: docs/benchmarks.md, flow control).
 QUEUE_HEADROOM = 0.5
 
 

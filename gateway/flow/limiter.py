@@ -7,24 +7,24 @@ target too: work is piling up inside them, which is what the limit exists to pre
 
 - Target met while the limit is actually in use: increase in proportion to the headroom,
   `GROWTH * (1 - latency / target)` per sample, never less than `1 / limit` (classic additive
-  increase, +1 per round trip of the whole window, right at the target). Plain +1 per window was
-  measured far too slow on the real engine: with multi-second streams a window takes ~6 s, and the
-  limit crept from 32 to 39 in a minute while TTFT sat at half the target and half the offered
-  load was refused.
+  increase, +1 per round trip of the whole window, right at the target). Plain +1 per window is
+  far too slow on real engines: with multi-second streams a window takes seconds, and the limit
+  crept while TTFT sat at half the target and the offered load was refused
+  (docs/benchmarks.md, flow control).
 - Target missed: multiplicative decrease, scaled by the overshoot (`target / latency`, never below
   half, never above `backoff`), at most once per round trip: samples from requests dispatched
   before the last decrease describe the old limit and are ignored.
 - Slow start (TCP's, and Netflix concurrency-limits' "gradient" warm-up): until the first decrease,
   a sample far below the target (under `SLOW_START_BELOW` of it) adds a whole slot, so the limit
   doubles every round trip of the window instead of creeping. Additive growth alone left a cold
-  gateway at 32 slots in front of engines that served 350 streams at 100 ms TTFT, answering
-  thousands of 503s in the first seconds of a burst (bench/real_pace.py).
+  gateway refusing requests for the first seconds of a burst that its engines could serve at
+  once (bench/real_pace.py, docs/benchmarks.md).
 - Whole (non-streamed) answers, the other request class, have no TTFT: their latency is the whole
   generation, and grows with its length. Each is judged per generated token against the best
   per-token latency this pool has seen lately (Netflix concurrency-limits' gradient: latency
   against its own unloaded minimum, not a fixed target): at that best it counts as a sample with
   no latency at all, at `WHOLE_TOLERANCE` x the best as one right at the target, beyond as a miss.
-  Without it a pool serving only whole answers never left its starting limit (32).
+  Without it a pool serving only whole answers never left its starting limit.
 - Idle: a limit learnt under load says little after a quiet spell. When a pool has been empty for
   `IDLE_S` x target, the limit halves per such spell down to its starting value, and slow start
   resumes: a burst after the pause ramps up again in a few round trips.
@@ -137,9 +137,8 @@ class AimdLimiter:
         the recent turnover. 0 outside slow start, or with no sample since start or idle.
 
         Why the door needs it: its wait estimate otherwise counts only completions, and in slow
-        start nothing has completed yet while the limit doubles every turnover. A cold gateway at
-        400 streams/s in front of an upstream answering every first token at 100 ms refused 15 of
-        3,200 requests that way, in waves a turnover apart (bench/real_pace.py)."""
+        start nothing has completed yet while the limit doubles every turnover: a cold gateway
+        refused requests in waves a turnover apart (bench/real_pace.py, docs/benchmarks.md)."""
         if not (self._slow_start and self._grew) or self._turnover <= 0.0:
             return 0.0
         return in_flight / max(self._turnover, MIN_TURNOVER_S)

