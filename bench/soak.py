@@ -1,5 +1,5 @@
 """Soak: 100k streamed requests through a real gateway process to bench/fake_upstream, watching the
-gateway's memory and file descriptors (issue 14, attack 6).
+gateway's memory and file descriptors for leaks.
 
 Unpaced closed loop: `--concurrency` clients each send their next request as soon as the last one
 ended, so the gateway runs as fast as this machine lets it (the point is volume, not latency).
