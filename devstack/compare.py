@@ -1,5 +1,6 @@
-"""`make compare`: a TP pool and a multi-node PP pool of the same model behind one gateway, then
-`python -m loadtest compare` between them and an A/A run, all written under run/compare/.
+"""`make compare` (`llmserve-devstack compare`): a TP pool and a multi-node PP pool of the same
+model behind one gateway, then `python -m loadtest compare` between them and an A/A run, all
+written under run/compare/.
 
 - Model: model_store/perfmodel.py's performance-only checkpoint (the demo tokenizer, a Llama shape
   with 8 heads and 2 KV heads, random weights), since the demo model allows only TP 1 or 3.
@@ -14,7 +15,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from devstack.cli import EXIT_FAILED, PROG, Parser, error_line
 from devstack.procs import Proc, tree_cpu_seconds
 from devstack.stack import CPU_FLOW_ARGS, wait_http_ok
 from model_store.perfmodel import ensure_perf_model
@@ -161,8 +162,7 @@ def append_setup(out: Path, setup: dict[str, object]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m devstack.compare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=f"{PROG} compare", description=__doc__)
     p.add_argument("--demo-dir", type=Path, default=Path("models/SmolLM2-135M-Instruct"),
                    help="the demo model (its tokenizer is reused)")
     p.add_argument("--perf-dir", type=Path, default=Path("models/perf-llama-tp2"),
@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.out}/a-a/report.md", flush=True)
         return rc or rc_aa
     except (RuntimeError, TimeoutError) as exc:
-        print(f"devstack.compare: {exc}", file=sys.stderr)
-        return 1
+        error_line(f"{PROG} compare", str(exc))
+        return EXIT_FAILED
     finally:
         for proc in ([gateway] if gateway else []) + procs:
             proc.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from gateway import sockio
-from gateway.cli import settings_from_args
+from gateway.cli import fail, settings_from_args
 from gateway.flow.keys import KeyFileError
 from gateway.routing.discovery.base import DiscoveryError
 from gateway.server import run
@@ -21,8 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     except (DiscoveryError, KeyFileError) as exc:
         # e.g. kubernetes discovery outside a cluster with no kube config, or a keys file that
         # cannot be read or parsed: one line naming the setting, no traceback.
-        print(f"python -m gateway: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(exc))
 
 
 if __name__ == "__main__":

@@ -1,31 +1,48 @@
-"""`python -m gateway` flags: every GatewaySettings field, added by pydantic-settings' own CLI
-source (CliSettingsSource) to this parser, so settings and flags never drift.
+"""`llmserve-gateway` (`python -m gateway`) flags: every GatewaySettings field, added by
+pydantic-settings' own CLI source (CliSettingsSource) to this parser, so settings and flags never
+drift.
 
 Flags override env (`GATEWAY_*`), which overrides defaults. Nested value objects get dotted
 flags (`--timeouts.connect-s`, `--flow.max-limit`, `--no-flow.enabled`); lists repeat
 (`--backends URL --backends URL`, or `--backend`).
+
+A bad flag or env var ends the process with one line, `llmserve-gateway: error: ...`, and exit
+code 2, as every llmserve command does.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import sys
 from typing import Any, NoReturn
 
-from pydantic import ValidationError
-from pydantic_settings import CliSettingsSource
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import CliSettingsSource, SettingsError
 
 from gateway.settings import GatewaySettings
+
+PROG = "llmserve-gateway"
+EXIT_USAGE = 2
+ENV_PREFIX = "GATEWAY_"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line naming the problem, not a 40-line usage dump.
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        fail(f"{message} (see {self.prog} --help)")
+
+
+def fail(message: str) -> NoReturn:
+    """The one shape of a usage error: one line on stderr, exit code 2."""
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[GatewaySettings]]:
     parser = _Parser(
-        prog="python -m gateway",
+        prog=PROG,
         description="llmserve gateway: OpenAI-compatible API in front of vLLM replicas. Every "
                     "flag is also an env var: GATEWAY_<NAME>, GATEWAY_<GROUP>__<NAME> for a "
                     "dotted one (GATEWAY_FLOW__MAX_LIMIT for --flow.max-limit).",
@@ -38,24 +55,89 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[GatewaySe
 
 
 def settings_from_args(argv: list[str] | None = None) -> GatewaySettings:
-    """Parse flags and build settings; raises SystemExit(2) with a one-line message on bad values."""
+    """Parse flags and build settings; exits with code 2 and one line on a bad flag or env var."""
     parser, source = build_parser()
-    given: dict[str, Any] = source(parsed_args=parser.parse_args(argv))()
     try:
+        given: dict[str, Any] = source(parsed_args=parser.parse_args(argv))()
         return GatewaySettings(**given)
     except ValidationError as exc:
-        parser.exit(2, f"{parser.prog}: error: {describe(exc)}\n")
+        fail(describe(exc))
+    except SettingsError as exc:
+        fail(describe_unparsed(exc))
+
+
+def flag(path: list[str]) -> str:
+    """`--flow.max-limit` for ["flow", "max_limit"]."""
+    return "--" + ".".join(p.replace("_", "-") for p in path)
+
+
+def env_name(path: list[str]) -> str:
+    """`GATEWAY_FLOW__MAX_LIMIT` for ["flow", "max_limit"]."""
+    return ENV_PREFIX + "__".join(path).upper()
+
+
+def _setting_path(loc: tuple[int | str, ...]) -> tuple[list[str], str]:
+    """The settings fields a validation error's location walks through, and the rest (a dict
+    key, a list index) as a suffix: (["routing_policies"], "['m']")."""
+    path: list[str] = []
+    model: type[BaseModel] | None = GatewaySettings
+    rest = ""
+    for part in loc:
+        if model is not None and isinstance(part, str) and part in model.model_fields:
+            path.append(part)
+            annotation = model.model_fields[part].annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                model = annotation
+            else:
+                model = None
+        else:
+            model = None
+            rest += f"[{part!r}]"
+    return path, rest
 
 
 def describe(exc: ValidationError) -> str:
+    """Each error with the env var and the flag that set it, the rule, and the value given."""
     parts = []
     for err in exc.errors():
-        loc = "__".join(str(p) for p in err["loc"] if not isinstance(p, int))
+        path, rest = _setting_path(err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
-        name = f"GATEWAY_{loc.upper()}" if loc else ""
+        name = env_name(path) if path else ""
+        given = repr(err.get("input"))
         if name and name not in msg:
-            given = err.get("input")
-            parts.append(f"{name}: {msg} (got {given!r})")
+            got = "" if given in msg else f" (got {given})"
+            parts.append(f"{name}{rest} ({flag(path)}): {msg}{got}")
         else:
             parts.append(msg)
     return "; ".join(parts)
+
+
+_UNPARSED = re.compile(r'field "(?P<field>\w+)" from source "(?P<source>\w+)"')
+
+
+def describe_unparsed(exc: SettingsError) -> str:
+    """A value pydantic-settings could not decode (JSON for a list, dict or nested object), with
+    what it should look like."""
+    m = _UNPARSED.search(str(exc))
+    if m is None:
+        return str(exc)
+    field = m["field"]
+    if m["source"].startswith("Cli"):
+        where = flag([field])
+    else:
+        where = f"{env_name([field])}={os.environ.get(env_name([field]), '')!r}"
+    why = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+    return f"{where} is not valid JSON{why}; {_json_hint(field)}"
+
+
+def _json_hint(field: str) -> str:
+    info = GatewaySettings.model_fields[field]
+    default = info.default
+    if isinstance(default, BaseModel):
+        name, value = next((k, v) for k, v in default if not isinstance(v, bool))
+        example = default.model_dump_json(include={name})
+        return (f"give a JSON object such as '{example}', or the dotted flags such as "
+                f"{flag([field, name])} {value}")
+    if info.description and "JSON:" in info.description:
+        return "give JSON like " + info.description.split("JSON:", 1)[1].strip()
+    return "give JSON, e.g. " + ('{"name": "value"}' if isinstance(default, dict) else '["a", "b"]')

@@ -6,11 +6,16 @@ reads the environment after that, so tests build as many independent gateways as
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# The routing policies by name (GATEWAY_ROUTING_POLICY, GATEWAY_ROUTING_POLICIES): checked here,
+# with the other settings at start-up; gateway/routing/factory.py builds one per name.
+PolicyName = Literal["prefix_affinity", "least_outstanding", "round_robin"]
 
 
 class Timeouts(BaseModel):
@@ -241,8 +246,12 @@ class GatewaySettings(BaseSettings):
     discovery: Literal["static", "dns", "kubernetes"] = Field(
         "static", description="how backends are found: static list, DNS A records, EndpointSlices"
     )
-    backends: list[str] = Field(
-        default_factory=list, description="static backend base URLs, e.g. http://10.0.0.7:8000"
+    # NoDecode: the env var takes what the flag takes (a URL, comma-separated URLs) as well as a
+    # JSON list; _split_backends reads all three.
+    backends: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="static backend base URLs, e.g. http://10.0.0.7:8000; several: repeat the "
+                    "flag, or comma-separated, or a JSON list",
     )
     dns_name: str | None = Field(None, description="headless Service name (discovery=dns)")
     dns_port: int = Field(8000, ge=1, le=65535, description="backend port (discovery=dns)")
@@ -256,15 +265,17 @@ class GatewaySettings(BaseSettings):
     transport: Literal["h1", "aiohttp"] = Field(
         "h1", description="upstream HTTP client: h1 (httptools, fastest) or aiohttp"
     )
-    routing_policy: str = Field(
+    routing_policy: PolicyName = Field(
         # The default since it met the issue-12 targets on real engines (docs/routing.md).
         "prefix_affinity",
         description="replica selection: prefix_affinity, least_outstanding or round_robin",
     )
-    routing_policies: dict[str, str] = Field(
-        default_factory=dict, description="per model pool: model name -> policy (else the default)"
+    routing_policies: dict[str, PolicyName] = Field(
+        default={}, description='per model pool, JSON: {"model name": "policy"} (else the default)'
     )
-    affinity: AffinitySettings = Field(default_factory=lambda: AffinitySettings())
+    # Defaults as instances, not factories, so that --help shows each nested flag's default
+    # (they are frozen: one instance is safely shared).
+    affinity: AffinitySettings = AffinitySettings()
     health_interval_s: float = Field(2.0, gt=0, description="active /health probe period")
     eject_after_failures: int = Field(
         3, ge=1, description="consecutive request failures before a backend is ejected"
@@ -293,10 +304,10 @@ class GatewaySettings(BaseSettings):
                           "preloaded by re-executing python -m gateway): 1-3 percent less CPU"
     )
 
-    timeouts: Timeouts = Field(default_factory=lambda: Timeouts())
-    flow: FlowSettings = Field(default_factory=lambda: FlowSettings())
-    batch: BatchSettings = Field(default_factory=lambda: BatchSettings())
-    edge: EdgeSettings = Field(default_factory=lambda: EdgeSettings())
+    timeouts: Timeouts = Timeouts()
+    flow: FlowSettings = FlowSettings()
+    batch: BatchSettings = BatchSettings()
+    edge: EdgeSettings = EdgeSettings()
     api_keys_file: Path | None = Field(
         None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off"
     )
@@ -307,11 +318,27 @@ class GatewaySettings(BaseSettings):
         30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish"
     )
     pools: list[PoolLayout] = Field(
-        default_factory=list,
+        default=[],
         description='worker pool layouts, read-only info for llmserve_pool_info and /v1/models, '
         'JSON: [{"name": "tp", "model": "m", "tp": 2, "pp": 1, "nodes": 1}]',
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _split_backends(cls, v: object) -> object:
+        if not isinstance(v, str):
+            return v
+        text = v.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"{text!r} is not a JSON list ({exc}); give "
+                    '\'["http://a:8000", "http://b:8000"]\' or http://a:8000,http://b:8000'
+                ) from None
+        return [url for url in text.split(",") if url.strip()]
 
     @field_validator("backends")
     @classmethod

@@ -1,24 +1,48 @@
-"""`python -m loadtest compare ...` (see loadtest/compare.py); `python -m loadtest compare --help`."""
+"""`llmserve-loadtest compare ...` (`python -m loadtest compare`; see loadtest/compare.py).
+
+Bad usage (a flag, a --host that does not answer, a --target the gateway does not serve) ends
+with one line `llmserve-loadtest compare: error: ...` and exit code 2; a run that fails (locust,
+the cross-check) with one line and exit code 1.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import NoReturn
+
+from loadtest.errors import EXIT_FAILED, EXIT_USAGE, PROG, UsageError, error_line
 
 
-def main(argv: list[str]) -> int:
-    if not argv or argv[0] != "compare":
-        print("usage: python -m loadtest compare --host URL --target A=MODEL --target B=MODEL "
-              "(--users 1,8,32 | --rate 2,4) [--duration 60s] [--workload chat] [--out DIR] "
-              "(--help for all flags)", file=sys.stderr)
-        return 2
-    from loadtest.compare import main as compare
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Load tests against an llmserve gateway.")
+    p.add_argument("command", choices=["compare"],
+                   help="compare: two targets (pools) behind one gateway, alternating runs, "
+                        "a report (`compare --help` for its flags)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = PROG
     try:
+        args = build_parser().parse_args(argv[:1])
+        prog = f"{PROG} {args.command}"
+        from loadtest.compare import main as compare
+
         return compare(argv[1:])
+    except UsageError as exc:
+        error_line(prog, str(exc))
+        return EXIT_USAGE
     except (RuntimeError, OSError) as exc:
-        print(f"python -m loadtest compare: error: {exc}", file=sys.stderr)
-        return 1
+        error_line(prog, str(exc))
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from loadtest import gateway_view
+from loadtest.errors import PROG, UsageError
 from loadtest.metrics import RequestRecord, Run, StreamTimer, parse_slos, summarize
 from loadtest.settings import CompareSettings, settings_from_args
 from loadtest.workloads import Workload
@@ -49,7 +50,7 @@ def wait_for(s: CompareSettings, model: str) -> None:
             if r.status_code == 200:
                 return
             if r.status_code in (400, 401, 403, 404):  # will not change by waiting
-                raise RuntimeError(f"{model}: HTTP {r.status_code} {r.text[:200]}")
+                raise UsageError(f"{model}: HTTP {r.status_code} {r.text[:200]}")
             last = f"HTTP {r.status_code}"
         except httpx.HTTPError as exc:
             last = f"{type(exc).__name__}: {exc}"
@@ -183,15 +184,19 @@ def main(argv: list[str]) -> int:
     from loadtest import report  # matplotlib only when there is something to draw
 
     out = s.out
-    out.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC)
     targets = []
     for label, model in s.target_pairs():
         if s.wait_s:
             wait_for(s, model)
-        layout = gateway_view.layout_of(s.host, model, s.api_key)
+        try:
+            layout = gateway_view.layout_of(s.host, model, s.api_key)
+        except httpx.TransportError as exc:
+            raise UsageError(f"cannot reach the gateway at --host {s.host} "
+                             f"({type(exc).__name__}: {exc}); is it running there?") from None
         targets.append({"label": label, "model": model, "layout": layout})
         _say(f"target {label}: {model}, layout {layout.to_dict()}")
+    out.mkdir(parents=True, exist_ok=True)  # once the targets are known to be there
     for t in targets:
         if s.warmup_requests:
             _say(f"warming up {t['label']} ({s.warmup_requests} requests)")
@@ -217,7 +222,7 @@ def main(argv: list[str]) -> int:
     if s.print_report:
         print((out / "report.md").read_text(), flush=True)
     if failed:
-        print(f"python -m loadtest compare: error: cross-check FAILED: client and gateway counts "
+        print(f"{PROG} compare: error: cross-check FAILED: client and gateway counts "
               f"differ by more than {s.tolerance:.0%} in {len(failed)} run(s): "
               f"{', '.join(failed)} (see {out / 'report.md'})", file=sys.stderr)
         return 1

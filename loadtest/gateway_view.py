@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -44,7 +46,7 @@ def layout_of(host: str, model: str, api_key: str = "") -> Layout:
         raise RuntimeError(f"GET {host}/v1/models answered {r.status_code}: {r.text[:200]}")
     models = {m.get("id"): m for m in r.json().get("data", [])}
     if model not in models:
-        raise RuntimeError(f"the gateway at {host} does not serve {model!r} "
+        raise UsageError(f"the gateway at {host} does not serve {model!r} "
                            f"(it lists: {', '.join(sorted(map(str, models))) or 'nothing'})")
     info = models[model].get("llmserve") or {}
     replicas = info.get("replicas")

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
+from loadtest.errors import EXIT_USAGE, PROG, error_line
 from loadtest.metrics import parse_slos
 from loadtest.workloads import WORKLOADS
 
@@ -49,7 +50,7 @@ class CompareSettings(BaseSettings):
     workload: str = Field("chat", description=f"one of {', '.join(WORKLOADS)}")
     max_tokens: int = Field(0, ge=0, description="max_tokens per request (0: the workload's)")
     seed: int = Field(0, description="workload and arrival seed (same for both targets)")
-    slos: list[str] = Field(default_factory=lambda: ["ttft_ms=500", "tpot_ms=50"],
+    slos: list[str] = Field(["ttft_ms=500", "tpot_ms=50"],
                             description="goodput SLOs KEY=MS (ttft_ms, tpot_ms, e2el_ms)")
     warmup_requests: int = Field(4, ge=0, description="requests per target before measuring")
     out: Path = Field(Path("run/compare"), description="directory for report.md, PNGs, JSON")
@@ -62,7 +63,7 @@ class CompareSettings(BaseSettings):
                                                 "(make compare on CPU: core)")
     cross_check: bool = Field(True, description="compare counts with the gateway's /metrics")
     metrics_from: list[str] = Field(
-        default_factory=list,
+        [],
         description="where the cross-check reads the gateway's counters, summed: URLs of /metrics, "
                     "or dns:NAME:PORT for every address of a headless Service (a gateway with "
                     "several replicas behind one Service; default: HOST/metrics)")
@@ -172,12 +173,17 @@ class CompareSettings(BaseSettings):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        _usage_error(self.prog, f"{message} (see {self.prog} --help)")
+
+
+def _usage_error(prog: str, message: str) -> NoReturn:
+    error_line(prog, message)
+    raise SystemExit(EXIT_USAGE)
 
 
 def settings_from_args(argv: list[str]) -> CompareSettings:
     parser = _Parser(
-        prog="python -m loadtest compare",
+        prog=f"{PROG} compare",
         description="Compare two targets (pools) behind one gateway: locust runs alternating "
                     "A B A B per level, report.md, PNGs and summary.json in --out. Every flag is "
                     "also an env var LOADTEST_<NAME>.")
@@ -185,13 +191,16 @@ def settings_from_args(argv: list[str]) -> CompareSettings:
         CompareSettings, root_parser=parser, cli_kebab_case=True, cli_implicit_flags=True,
         cli_shortcuts={"targets": "target", "slos": "slo"},
     )
-    given: dict[str, Any] = source(parsed_args=parser.parse_args(argv))()
     try:
+        given: dict[str, Any] = source(parsed_args=parser.parse_args(argv))()
         return CompareSettings(**given)
+    except SettingsError as exc:  # a list flag given as malformed JSON
+        why = f" ({exc.__cause__})" if exc.__cause__ and str(exc.__cause__) not in str(exc) else ""
+        _usage_error(parser.prog, f"{exc}{why}; repeat the flag, one value each")
     except ValidationError as exc:
         msgs = []
         for err in exc.errors():
             loc = "_".join(str(p) for p in err["loc"] if not isinstance(p, int))
             msg = str(err["msg"]).removeprefix("Value error, ")
             msgs.append(f"--{loc.replace('_', '-')}: {msg}" if loc else msg)
-        parser.exit(2, f"{parser.prog}: error: {'; '.join(msgs)}\n")
+        _usage_error(parser.prog, "; ".join(msgs))

@@ -1,7 +1,9 @@
-"""`python -m model_store VERB ...` (also the `model_store` console script).
+"""`llmserve-model-store VERB ...` (also `python -m model_store` and the older `model_store`
+console script).
 
-Every failure the user can cause or fix (a StoreError, a setting, the demo bootstrap) ends as one
-line `model_store: error: ...` on stderr and exit code 1; Ctrl-C exits 130 and SIGTERM 143, both
+Every failure the user can cause or fix ends as one line `llmserve-model-store: error: ...` on
+stderr: exit code 2 for bad usage (a flag, a setting, an S3 URL), 1 when the transfer itself
+fails (a StoreError, the demo bootstrap, the volume); Ctrl-C exits 130 and SIGTERM 143, both
 without publishing anything (a later pull resumes).
 """
 
@@ -12,13 +14,28 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from model_store.cliflags import add_settings_flags, settings_overrides, with_flag_names
 from model_store.demo import DemoError, ensure_demo_model
-from model_store.errors import StoreError
+from model_store.errors import StoreError, UsageError
 from model_store.settings import SettingsError, StoreSettings, load_settings
 
+PROG = "llmserve-model-store"
+EXIT_FAILED = 1
+EXIT_USAGE = 2
 S3_HELP = "s3://bucket/prefix (endpoint, region and credentials: see the settings below)"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line naming the problem, not a usage dump.
+        _error(f"{message} (see {self.prog} --help)")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
 
 
 def _verb(
@@ -30,11 +47,11 @@ def _verb(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="model_store",
+    p = _Parser(
+        prog=PROG,
         description="Put models into a shared volume, whole or not at all.",
     )
-    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_Parser)
 
     push = _verb(verbs, "push", "upload a model directory, manifest last",
                  "Upload every file of LOCAL_DIR (parallel multipart upload), then write the\n"
@@ -78,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _log(line: str) -> None:
-    print(f"model_store: {line}", file=sys.stderr, flush=True)
+    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -122,16 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except SettingsError as exc:
-        print(f"model_store: error: {with_flag_names(exc)}", file=sys.stderr)
-        return 1
-    except (StoreError, DemoError) as exc:
-        print(f"model_store: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # e.g. a read-only or full volume outside the paths handled above
-        print(f"model_store: error: {exc}", file=sys.stderr)
-        return 1
+        _error(with_flag_names(exc))
+        return EXIT_USAGE
+    except UsageError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except (StoreError, DemoError, OSError) as exc:
+        # OSError: e.g. a read-only or full volume outside the paths handled above.
+        _error(str(exc))
+        return EXIT_FAILED
     except KeyboardInterrupt:
-        print("model_store: interrupted; nothing was published", file=sys.stderr)
+        print(f"{PROG}: interrupted; nothing was published", file=sys.stderr)
         return 130
     return 0
 

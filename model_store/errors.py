@@ -1,4 +1,5 @@
-"""The one exception the CLI turns into a one-line error (and a non-zero exit)."""
+"""The exceptions the CLI turns into a one-line error: exit code 2 for a usage error (what was
+given cannot work as written), 1 for a failure of the transfer itself."""
 
 from __future__ import annotations
 
@@ -9,3 +10,7 @@ class StoreError(Exception):
 
 class LeaseLost(StoreError):
     """Another puller took over our lease (we were presumed dead): stop without publishing."""
+
+
+class UsageError(StoreError):
+    """What the user gave cannot work as written (a malformed S3 URL): exit code 2."""

@@ -93,7 +93,7 @@ class Progress:
         eta = tqdm.format_interval((total - self._bytes) / rate) if rate > 0 else "?"
         size = tqdm.format_sizeof
         done = self._bytes / total if total else 1.0
-        return (f"model_store: {self.verb}: {done:.0%} {size(self._bytes, 'B', 1000)}/"
+        return (f"llmserve-model-store: {self.verb}: {done:.0%} {size(self._bytes, 'B', 1000)}/"
                 f"{size(total, 'B', 1000)}, {self._files()}, {size(rate, 'B/s', 1000)}, "
                 f"ETA {eta}")
 

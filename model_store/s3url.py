@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from model_store.errors import StoreError
+from model_store.errors import UsageError
 
 # S3's rules for new buckets (3-63 chars, lowercase, digits, dots, hyphens): anything else is a typo.
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
@@ -19,13 +19,13 @@ class S3Url:
     @classmethod
     def parse(cls, text: str) -> S3Url:
         if not text.startswith("s3://"):
-            raise StoreError(f"{text!r} is not an s3://bucket/prefix URL")
+            raise UsageError(f"{text!r} is not an s3://bucket/prefix URL")
         bucket, _, prefix = text[len("s3://") :].partition("/")
         if not _BUCKET.match(bucket):
-            raise StoreError(f"{text!r}: {bucket!r} is not a valid bucket name")
+            raise UsageError(f"{text!r}: {bucket!r} is not a valid bucket name")
         prefix = prefix.strip("/")
         if "//" in prefix:
-            raise StoreError(f"{text!r}: empty path segment in the prefix")
+            raise UsageError(f"{text!r}: empty path segment in the prefix")
         return cls(bucket, prefix)
 
     def key(self, name: str) -> str:

@@ -1,9 +1,10 @@
-"""``python -m worker``: start one vLLM engine from WORKER_* settings (or print its command).
+"""``llmserve-worker`` (``python -m worker``): start one vLLM engine from WORKER_* settings (or
+print its command).
 
 Modes:
   run   (default) wait for the model, check the layout, run vLLM until SIGTERM, stop its group.
   argv  print the vLLM command (argv + added env) as JSON and exit; starts nothing.
-  plan  which TP/PP/DP layouts fit a model on a cluster (`python -m worker plan --help`).
+  plan  which TP/PP/DP layouts fit a model on a cluster (`llmserve-worker plan --help`).
 
 Every setting is a flag (``--tensor-parallel-size 2``) and an env var
 (``WORKER_TENSOR_PARALLEL_SIZE=2``); flags win. Arguments after ``--`` are appended to vLLM's
@@ -25,6 +26,7 @@ from worker.argv import build_command
 from worker.launcher import EngineStartError, Launcher, MarkerTimeout
 from worker.settings import LWS_ENV, SettingsError, WorkerSettings, load_settings
 
+PROG = "llmserve-worker"
 EXIT_BAD_SETTINGS = 2
 EXIT_FAILED = 1
 
@@ -32,13 +34,13 @@ EXIT_FAILED = 1
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, no usage dump: the pod log should say exactly what is wrong.
-        self.exit(EXIT_BAD_SETTINGS, f"worker: error: {message} (see --help)\n")
+        _fail(EXIT_BAD_SETTINGS, f"{message} (see {self.prog} --help)")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[WorkerSettings]]:
     lws = ", ".join(f"--{f.replace('_', '-')} from {var}" for f, var in LWS_ENV.items())
     parser = _Parser(
-        prog="python -m worker",
+        prog=PROG,
         description=__doc__,
         epilog=f"In a LeaderWorkerSet pod, unset settings fall back to its environment: {lws}.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -67,7 +69,7 @@ def _split_passthrough(args: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _fail(code: int, message: str) -> NoReturn:
-    print(f"worker: error: {message}", file=sys.stderr)
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
     raise SystemExit(code)
 
 

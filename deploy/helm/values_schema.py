@@ -247,7 +247,11 @@ SCHEMA: dict[str, Any] = {
         "maxStreamSeconds": i(1, description="longest stream a drain waits for"),
         "image": obj(
             {
-                "registry": s(),
+                # Empty: the templates fail with a message naming the value (no default exists).
+                "registry": s(
+                    pattern=r"^([A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*/?)?$",
+                    description="host[:port][/path] holding the llmserve images, no scheme",
+                ),
                 "pullPolicy": s(enum=["Always", "IfNotPresent", "Never"]),
                 "platform": image,
                 "workerGpu": image,

@@ -14,8 +14,10 @@ from gateway.routing.retry_budget import RetryBudget
 from gateway.routing.router import Router
 from gateway.settings import AffinitySettings, GatewaySettings
 
-# By name (GATEWAY_ROUTING_POLICY, GATEWAY_ROUTING_POLICIES). Here, not in policy.py: affinity.py
-# builds on policy.py's LeastOutstanding, and a registry there would import it back.
+# By name (GATEWAY_ROUTING_POLICY, GATEWAY_ROUTING_POLICIES). The settings accept the names of
+# settings.PolicyName; tests/gateway/routing/test_factory.py checks that this table has exactly
+# those. Here, not in policy.py: affinity.py builds on policy.py's LeastOutstanding, and a
+# registry there would import it back.
 _POLICIES: dict[str, Callable[[AffinitySettings | None], RoutingPolicy]] = {
     "least_outstanding": lambda _: LeastOutstanding(),
     "round_robin": lambda _: RoundRobin(),
@@ -53,10 +55,8 @@ def build_discovery(settings: GatewaySettings) -> Discovery:
 
 
 def build_router(settings: GatewaySettings, prober: Prober) -> Router:
-    # Every name is checked here, at start-up, not when a model first shows up.
+    # Every name was checked by the settings, at start-up, not when a model first shows up.
     default = make_policy(settings.routing_policy, settings.affinity)
-    for name in settings.routing_policies.values():
-        make_policy(name, settings.affinity)
 
     def policy_for(model: str) -> RoutingPolicy:
         # One policy object per model pool: its state (rotation, learned prefixes) and its

@@ -21,6 +21,8 @@ CHART = REPO / "deploy" / "helm" / "llmserve"
 PRESETS = sorted(CHART.glob("values-*.yaml"))
 RELEASE = "llm"
 NAMESPACE = "inference"
+# The registry the tests render the chart with: the chart requires one (no published images).
+TEST_REGISTRY = "registry.example.com/ml"
 
 Manifest = dict[str, Any]
 
@@ -97,17 +99,29 @@ def chart() -> helm_python.Chart:
     return helm_python.Chart.load(CHART)
 
 
+def with_registry(values: Mapping[str, Any], registry: str = TEST_REGISTRY) -> dict[str, Any]:
+    """The values with image.registry set, unless they set it themselves."""
+    out = copy.deepcopy(dict(values))
+    image = out.setdefault("image", {})
+    image.setdefault("registry", registry)
+    return out
+
+
 def render(
     values: Mapping[str, Any] | None = None,
     *,
     name: str = RELEASE,
     namespace: str = NAMESPACE,
     loaded: helm_python.Chart | None = None,
+    registry: str | None = TEST_REGISTRY,
 ) -> Release:
-    """Render like `helm template`: schema validation, then every template."""
+    """Render like `helm template`: schema validation, then every template. image.registry, which
+    the chart requires, is `registry` unless the values set it (None: left out)."""
+    given = dict(values or {})
     c = loaded or chart()
     try:
-        out = c.render(copy.deepcopy(dict(values or {})), name=name, namespace=namespace)
+        out = c.render(with_registry(given, registry) if registry is not None else copy.deepcopy(given),
+                       name=name, namespace=namespace)
     finally:
         if loaded is None:
             c.close()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from loadtest.settings import settings_from_args
-from tests.deploy.manifests import render, selector_matches
+from tests.deploy.manifests import TEST_REGISTRY, render, selector_matches
 
 pytestmark = pytest.mark.helm
 
@@ -70,7 +70,7 @@ def test_api_key_from_a_secret_and_report_on_the_claim(render_case: Any) -> None
     args = c["args"]
     assert args[args.index("--api-key-file") + 1] == mounts["api-key"] + "/api-key"
     assert not any("KEY" in e["name"] for e in c["env"])
-    assert c["image"].startswith("llmserve/loadtest:")
+    assert c["image"].startswith(f"{TEST_REGISTRY}/llmserve/loadtest:")
 
 
 def test_restricted_gateway_ingress_lets_the_job_in(render_case: Any) -> None:

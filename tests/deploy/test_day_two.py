@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from model_store.__main__ import build_parser
-from tests.deploy.manifests import CHART, Manifest, Release, env_of, render
+from tests.deploy.manifests import CHART, Manifest, Release, env_of, render, with_registry
 
 pytestmark = pytest.mark.helm
 
@@ -88,7 +88,7 @@ def bumped_chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def _render_chart(path: Path, values: dict[str, Any], **kw: Any) -> Release:
     with helm_python.Chart.load(path) as c:
-        out = c.render(copy.deepcopy(values), name="llm", namespace="inference", **kw)
+        out = c.render(with_registry(values), name="llm", namespace="inference", **kw)
     manifests: list[Manifest] = []
     notes = ""
     for name, text in sorted(out.items()):

@@ -46,6 +46,21 @@ def test_each_chart_image_has_a_dockerfile(key: str) -> None:
     assert (DOCKER / f"{IMAGES[key]}.Dockerfile.dockerignore").is_file()
 
 
+def test_every_dockerfile_is_a_chart_image_listed_in_the_deploy_readme() -> None:
+    # No dead Dockerfile, and none the users' guide leaves out: its Images table names each one
+    # with its chart value, and the build loop builds it under the name the chart renders.
+    dockerfiles = {p.name.removesuffix(".Dockerfile") for p in DOCKER.glob("*.Dockerfile")}
+    assert dockerfiles == set(IMAGES.values())
+    readme = (REPO / "deploy" / "README.md").read_text(encoding="utf-8")
+    rows = {line for line in readme.splitlines() if line.startswith("| `llmserve/")}
+    for key, name in IMAGES.items():
+        assert any(f"`llmserve/{name}` (`image.{key}`) | `deploy/docker/{name}.Dockerfile`" in row
+                   for row in rows), name
+    assert "docker build -f deploy/docker/$name.Dockerfile -t $REG/llmserve/$name:0.1.0 ." in readme
+    app_version = load_values(CHART / "Chart.yaml")["appVersion"]
+    assert f"llmserve/$name:{app_version}" in readme  # the tag the chart defaults to
+
+
 @pytest.mark.parametrize("name", sorted(IMAGES.values()))
 def test_images_run_as_the_chart_uid_and_install_the_packages_pods_run(name: str) -> None:
     ctx = load_values(CHART / "values.yaml")["podSecurityContext"]

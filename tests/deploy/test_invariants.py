@@ -13,6 +13,7 @@ from gateway.flow.keys import load_keys
 from tests.deploy.conftest import DEMO_API_KEY
 from tests.deploy.manifests import (
     NAMESPACE,
+    TEST_REGISTRY,
     Manifest,
     Pod,
     Release,
@@ -99,7 +100,7 @@ def test_presets_hold_the_layouts_they_promise(render_case: Any) -> None:
     cpu = render_case("preset:values-cpu.yaml")
     (pod,) = cpu.worker_pods()
     assert env_of(pod.container("worker"))["WORKER_DEVICE"] == "cpu"
-    assert pod.container("worker")["image"].startswith("llmserve/worker-cpu:")
+    assert pod.container("worker")["image"].startswith(f"{TEST_REGISTRY}/llmserve/worker-cpu:")
 
 
 # --- lifecycle --------------------------------------------------------------------------------

@@ -12,7 +12,17 @@ import pytest
 
 from model_store.__main__ import build_parser
 from tests.deploy.conftest import PRESET_CASES
-from tests.deploy.manifests import CHART, NAMESPACE, Release, env_of, load_values, render
+from tests.deploy.manifests import (
+    CHART,
+    NAMESPACE,
+    REPO,
+    TEST_REGISTRY,
+    Release,
+    env_of,
+    load_values,
+    render,
+    with_registry,
+)
 
 pytestmark = pytest.mark.helm
 
@@ -25,7 +35,7 @@ KUBE_VERSIONS = ("v1.29.0", "v1.37.0")
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 @pytest.mark.parametrize("case", ["defaults", *sorted(PRESET_CASES)])
 def test_lint_is_clean(case: str, kube_version: str) -> None:
-    values = {} if case == "defaults" else PRESET_CASES[case]
+    values = with_registry({} if case == "defaults" else PRESET_CASES[case])
     report = helm_python.lint(
         CHART, values, strict=True, namespace=NAMESPACE, kube_version=kube_version
     )
@@ -116,6 +126,59 @@ def test_fetch_job_name_follows_its_spec() -> None:
     assert len({name, _job_name(new_revision), _job_name(new_image)}) == 3
 
 
+def _registry_of(image: str) -> str | None:
+    """The registry an image reference names, as Docker reads it; None: Docker Hub."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
+def test_default_values_fail_in_one_line_naming_the_image_registry() -> None:
+    # `helm template` with the chart's own values: no image name that falls back to Docker Hub.
+    with pytest.raises(helm_python.HelmError) as err:
+        render({}, registry=None)
+    message = str(err.value)
+    assert "\n" not in message.strip()
+    assert "image.registry is required" in message and "--set image.registry=" in message
+    # deploy/README.md quotes the message as users will see it.
+    readme = (REPO / "deploy" / "README.md").read_text(encoding="utf-8")
+    quoted = " ".join(readme.split()).split("stops with one line, `", 1)[1].split(" ...`", 1)[0]
+    assert quoted in message
+
+
+def test_every_image_names_its_registry(release: Release) -> None:
+    for pod in release.pods():
+        for c in pod.containers():
+            assert _registry_of(c["image"]) is not None, (pod.name, c["image"])
+
+
+def test_project_images_live_under_image_registry(render_case: Any) -> None:
+    rel = render_case("compare-job")
+    images = {c["image"] for pod in rel.pods() for c in pod.containers()}
+    assert {i.rpartition(":")[0] for i in images} == {
+        f"{TEST_REGISTRY}/llmserve/{name}" for name in ("platform", "worker-gpu", "loadtest")}
+    # A trailing slash on the value does not double the separator.
+    again = render(rel.values, registry=TEST_REGISTRY + "/")
+    assert images == {c["image"] for pod in again.pods() for c in pod.containers()}
+
+
+def test_a_repository_that_names_its_registry_is_used_as_it_is() -> None:
+    # No image.registry needed when every image names its own registry.
+    values = {
+        "image": {
+            "platform": {"repository": "ghcr.io/me/platform", "tag": "1"},
+            "workerGpu": {"repository": "localhost:5000/worker-gpu", "tag": "1"},
+            "workerCpu": {"repository": "localhost/worker-cpu", "tag": "1"},
+        },
+        "models": [{"name": "cpu", "model": "m", "device": "cpu",
+                    "source": {"bootstrapDemo": True}}],
+    }
+    rel = render(values, registry=None)
+    images = {c["image"] for pod in rel.pods() for c in pod.containers()}
+    assert images == {"ghcr.io/me/platform:1", "localhost/worker-cpu:1"}
+
+
 def test_worker_pools_never_mount_their_volume_writable(release: Release) -> None:
     for pod in release.worker_pods():
         for c in pod.containers():
@@ -194,6 +257,10 @@ SCHEMA_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
         "/metrics/prometheusRule/errorRate",
     ),
     "unknown top-level key": ({"model": []}, "model"),
+    "image registry with a scheme": (
+        {"image": {"registry": "https://registry.example.com"}},
+        "/image/registry",
+    ),
 }
 
 

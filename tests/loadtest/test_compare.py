@@ -15,10 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest.__main__ import main
 from loadtest.compare import wait_for
+from loadtest.errors import EXIT_USAGE, PROG, UsageError
 from loadtest.gateway_view import Counters, counters, cross_check, metrics_urls, settled
 from loadtest.settings import settings_from_args
+from tests.cli import usage_error
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,14 +81,43 @@ def test_compare_two_pools_writes_report_pngs_and_summary(upstreams: UpstreamFac
         assert (out / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_unknown_model_is_one_line_and_nonzero(upstreams: UpstreamFactory,
-                                               tmp_path: Path) -> None:
+def test_unknown_model_is_one_line_and_exit_2(upstreams: UpstreamFactory,
+                                             tmp_path: Path) -> None:
     up = upstreams(model="m")
     with run_gateway(backends=[url_of(up)]) as gw:
         proc = _compare("--host", gw.url, "--target", "a=m", "--target", "b=nope",
                         "--users", "1", "--out", str(tmp_path))
-    assert proc.returncode == 1
-    assert proc.stderr.strip().count("\n") == 0 and "'nope'" in proc.stderr
+    assert proc.returncode == EXIT_USAGE
+    usage_error(proc.stderr, PROG + " compare", "does not serve 'nope' (it lists: m)")
+
+
+def test_a_dead_host_is_one_line_and_exit_2(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    host = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    code = main(["compare", "--host", host, "--target", "a=m", "--target", "b=m", "--users", "1",
+                 "--out", str(tmp_path / "out")])
+    assert code == EXIT_USAGE
+    usage_error(capsys.readouterr().err, PROG + " compare",
+                f"cannot reach the gateway at --host {host} (ConnectError: ")
+    assert not (tmp_path / "out").exists()  # nothing written for a run that never started
+
+
+def test_help_exits_0_and_names_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: {PROG} ") and "compare" in out
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    ([], "the following arguments are required: command"),
+    (["comprae"], "invalid choice: 'comprae' (choose from 'compare')"),
+])
+def test_no_or_unknown_command_is_one_line_and_exit_2(
+        argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == EXIT_USAGE
+    usage_error(capsys.readouterr().err, PROG, fragment)
 
 
 @pytest.mark.parametrize(("args", "match"), [
@@ -100,9 +133,8 @@ def test_flag_errors_exit_2_with_one_line(args: list[str], match: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         settings_from_args(["--host", "http://x:1", *args])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert match in err and err.strip().count("\n") == 0
+    assert exc.value.code == EXIT_USAGE
+    usage_error(capsys.readouterr().err, PROG + " compare", match)
 
 
 def test_cross_check_fails_beyond_the_tolerance() -> None:
@@ -169,7 +201,7 @@ def test_wait_gives_up_naming_the_last_answer(upstreams: UpstreamFactory) -> Non
                                 "--users", "1", "--wait", "2s"])
         with pytest.raises(RuntimeError, match=r"did not answer within --wait 2s \(HTTP 5"):
             wait_for(s, "m")
-        with pytest.raises(RuntimeError, match="HTTP 404"):
+        with pytest.raises(UsageError, match="HTTP 404"):
             wait_for(s, "other")
 
 

@@ -11,8 +11,10 @@ from pathlib import Path
 import boto3
 import pytest
 
+from model_store.__main__ import PROG
 from model_store.hashing import manifest_of
 from model_store.marker import MARKER_NAME, read_marker
+from tests import cli
 from tests.conftest import S3Env
 from tests.s3server import Counter, moto_server
 
@@ -96,9 +98,4 @@ def assert_nothing_left(dest: Path) -> None:
 
 
 def one_line_error(stderr: str, *fragments: str) -> None:
-    lines = stderr.strip().splitlines()
-    assert "Traceback" not in stderr
-    assert lines and lines[-1].startswith("model_store: error: "), stderr
-    assert len([ln for ln in lines if "error" in ln]) == 1, stderr
-    for fragment in fragments:
-        assert fragment in lines[-1], stderr
+    cli.one_line_error(stderr, PROG, *fragments)

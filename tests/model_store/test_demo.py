@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from model_store.__main__ import PROG
 from model_store.hashing import manifest_of
 from model_store.marker import read_marker
+from tests.cli import one_line_error
 
 
 def test_refuses_a_nonempty_unmarked_destination(tmp_path: Path) -> None:
@@ -17,8 +19,7 @@ def test_refuses_a_nonempty_unmarked_destination(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "model_store", "bootstrap-demo", "--dest",
                            str(dest)], capture_output=True, text=True, check=False)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("model_store: error:") and "no completion marker" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    one_line_error(proc.stderr, PROG, "no completion marker")
     assert [p.name for p in dest.iterdir()] == ["half-written.safetensors"]
 
 

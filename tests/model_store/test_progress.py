@@ -27,8 +27,8 @@ def test_log_lines_count_resumed_bytes_toward_the_total_not_the_rate() -> None:
     assert p.bytes == 200_000_000 and p.files == 2
     p.close()
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("model_store: pull: 50% 200MB/400MB, 1/4 files, ")
-    assert lines[-1].startswith("model_store: pull: 50% 200MB/400MB, 2/4 files, ")
+    assert lines[0].startswith("llmserve-model-store: pull: 50% 200MB/400MB, 1/4 files, ")
+    assert lines[-1].startswith("llmserve-model-store: pull: 50% 200MB/400MB, 2/4 files, ")
     assert "ETA" in lines[-1] and "\r" not in out.getvalue()
 
 

@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-from model_store.__main__ import build_parser
+from model_store.__main__ import EXIT_USAGE, PROG, build_parser
 from model_store.cliflags import settings_overrides, with_flag_names
 from model_store.settings import MiB, SettingsError, StoreSettings, load_settings
+from tests.cli import usage_error
 
 
 @pytest.fixture(autouse=True)
@@ -57,19 +58,32 @@ def test_invalid_settings_name_env_and_flag(overrides: dict[str, str], fragment:
     assert fragment in with_flag_names(err.value)
 
 
-def test_bad_env_var_is_one_line_exit_1() -> None:
+def test_bad_env_var_is_one_line_exit_2() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "model_store", "ls", "s3://models"],
         env={"MODEL_STORE_CONCURRENCY": "lots", "PATH": "/usr/bin"},
         capture_output=True, text=True, check=False,
     )
-    assert proc.returncode == 1
-    assert proc.stderr.startswith("model_store: error: MODEL_STORE_CONCURRENCY (--concurrency)")
-    assert len(proc.stderr.strip().splitlines()) == 1
+    assert proc.returncode == EXIT_USAGE
+    usage_error(proc.stderr, PROG, "MODEL_STORE_CONCURRENCY (--concurrency)")
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    ([], "required: VERB"),
+    (["push"], "required: LOCAL_DIR, S3_URL (see llmserve-model-store push --help)"),
+    (["ls", "models/llama"], "'models/llama' is not an s3://bucket/prefix URL"),
+    (["ls", "s3://models", "--part-size", "1KiB"], "MODEL_STORE_PART_SIZE=1024 (--part-size)"),
+    (["pull", "s3://models/m/main", "--concurrency", "0"], "MODEL_STORE_CONCURRENCY"),
+])
+def test_bad_usage_is_one_line_exit_2(argv: list[str], fragment: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "model_store", *argv],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == EXIT_USAGE
+    usage_error(proc.stderr, PROG, fragment)
 
 
 @pytest.mark.parametrize("verb", ["push", "pull", "ls", "verify", "bootstrap-demo"])
 def test_help_on_every_verb(verb: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "model_store", verb, "--help"],
                           capture_output=True, text=True, check=False)
-    assert proc.returncode == 0 and "usage: model_store " + verb in proc.stdout
+    assert proc.returncode == 0 and f"usage: {PROG} {verb}" in proc.stdout

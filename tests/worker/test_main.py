@@ -65,18 +65,18 @@ def test_arguments_after_double_dash_are_passed_to_vllm(capsys: pytest.CaptureFi
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("argv",), "worker: error: WORKER_MODEL_PATH is required"),
+        (("argv",), "llmserve-worker: error: WORKER_MODEL_PATH is required"),
         (
             ("argv", "--model-path", "/m", "--nnodes", "two"),
-            "worker: error: WORKER_NNODES: Input should be",
+            "llmserve-worker: error: WORKER_NNODES: Input should be",
         ),
         (
             ("argv", "--model-path", "/m", "--device", "tpu"),
-            "worker: error: WORKER_DEVICE: Input should be 'gpu' or 'cpu'",
+            "llmserve-worker: error: WORKER_DEVICE: Input should be 'gpu' or 'cpu'",
         ),
         (
             ("argv", "--model-path", "/m", "--no-such-flag", "1"),
-            "worker: error: unrecognized arguments",
+            "llmserve-worker: error: unrecognized arguments",
         ),
     ],
 )
@@ -92,8 +92,8 @@ def test_layout_that_does_not_fit_the_model_exits_2(make_model_dir: ModelDirFact
     done = run_worker("--model-path", str(model), "--device", "cpu", "--tensor-parallel-size", "2")
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1].startswith(
-        f"worker: error: WORKER_TENSOR_PARALLEL_SIZE=2: TP=2 does not divide 9 attention heads of "
-        f"{model}/config.json; nearest valid: 1, 3"
+        "llmserve-worker: error: WORKER_TENSOR_PARALLEL_SIZE=2: TP=2 does not divide 9 attention "
+        f"heads of {model}/config.json; nearest valid: 1, 3"
     )
 
 
@@ -102,7 +102,7 @@ def test_incomplete_model_times_out_with_exit_1(make_model_dir: ModelDirFactory)
     done = run_worker("--model-path", str(model), "--device", "cpu", "--marker-timeout-s", "0.5")
     assert done.returncode == 1
     last = done.stderr.splitlines()[-1]
-    assert last.startswith(f"worker: error: model directory {model} is not complete")
+    assert last.startswith(f"llmserve-worker: error: model directory {model} is not complete")
     assert "Traceback" not in done.stderr
 
 

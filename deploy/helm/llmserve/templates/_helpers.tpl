@@ -105,11 +105,18 @@ app.kubernetes.io/part-of: llmserve
 {{/*
 Image reference: (dict "root" $ "image" <{repository, tag, digest}>). A digest pins the image and
 wins over the tag; the tag defaults to the chart's appVersion.
+A repository that names its registry (a first component with "." or ":", or "localhost", as
+Docker reads it) is used as it is. Any other is put under image.registry, which is then required:
+no llmserve image is published, and a bare name would resolve to Docker Hub, where anyone may
+register it.
 */}}
 {{- define "llmserve.image" -}}
 {{- $repo := .image.repository -}}
-{{- if .root.Values.image.registry -}}
-{{- $repo = printf "%s/%s" .root.Values.image.registry $repo -}}
+{{- $parts := splitList "/" $repo -}}
+{{- $host := first $parts -}}
+{{- if not (and (gt (len $parts) 1) (or (contains "." $host) (contains ":" $host) (eq $host "localhost"))) -}}
+{{- $registry := required "image.registry is required: the registry you pushed the llmserve images to, e.g. --set image.registry=registry.example.com/ml (no public llmserve images exist; deploy/README.md, Images)" .root.Values.image.registry -}}
+{{- $repo = printf "%s/%s" (trimSuffix "/" $registry) $repo -}}
 {{- end -}}
 {{- if .image.digest -}}
 {{- printf "%s@%s" $repo .image.digest -}}

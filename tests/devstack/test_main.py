@@ -1,0 +1,36 @@
+"""`llmserve-devstack` and `llmserve-devstack compare`: bad usage is one line and exit code 2,
+before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from devstack.__main__ import main
+from devstack.cli import PROG
+from tests.cli import EXIT_USAGE, usage_error
+
+
+@pytest.mark.parametrize(("argv", "prog", "fragment"), [
+    ([], PROG, "the following arguments are required: --model-dir (see llmserve-devstack --help)"),
+    (["--model-dir", "{tmp}/none"], PROG, ("--model-dir {tmp}/none is not a directory; build the "
+                                          "demo model with `python -m model_store bootstrap-demo")),
+    (["--model-dir", "{tmp}", "--workers", "0"], PROG, "--workers must be at least 1 (got 0)"),
+    (["compare", "--rounds", "two"], f"{PROG} compare", "argument --rounds: invalid int value"),
+])
+def test_bad_usage_is_one_line_and_exit_2(argv: list[str], prog: str, fragment: str,
+                                          tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([a.format(tmp=tmp_path) for a in argv])
+    assert exc.value.code == EXIT_USAGE
+    usage_error(capsys.readouterr().err, prog, fragment.format(tmp=tmp_path))
+
+
+def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--users USERS closed-loop levels (default: 1,4,8)" in text
