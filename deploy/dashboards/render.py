@@ -80,7 +80,9 @@ def draw_timeseries(ax: Axes, panel: dict[str, Any], start: float) -> None:
     if peak == 0:
         ax.set_ylim(0, 1)  # all zero: a flat line at the bottom, not centred on +-0.05
     else:
-        ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
+        # From zero, with headroom: a flat line at the peak would sit on the top spine.
+        low, high = ax.get_ylim()
+        ax.set_ylim(min(0.0, low), max(high, peak * factor * 1.08))
     # Grafana draws a threshold only where it falls inside the axis the data sets.
     bottom, top = ax.get_ylim()
     for value, color in zip(panel.get("thresholds", []), ("tab:orange", "tab:red"), strict=False):
