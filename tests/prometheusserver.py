@@ -25,6 +25,8 @@ class Target:
     job: str
     url: str  # http://host:port
     labels: dict[str, str]
+    # The scraped series' own labels win over the target's (how DCGM exporter's pod labels survive).
+    honor_labels: bool = False
 
 
 @dataclass
@@ -83,7 +85,7 @@ def prometheus_server(workdir: Path, targets: list[Target]) -> Iterator[Promethe
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [
-            {"job_name": job, "static_configs": [
+            {"job_name": job, "honor_labels": any(t.honor_labels for t in ts), "static_configs": [
                 {"targets": [t.url.split("://", 1)[1]], "labels": t.labels} for t in ts]}
             for job, ts in jobs.items()
         ],

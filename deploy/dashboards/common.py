@@ -60,10 +60,12 @@ class Row:
 class Variable:
     name: str
     label: str
-    query: str  # label_values(...) for Grafana; the e2e test resolves it the same way
+    # label_values(...) for Grafana, which the e2e test resolves the same way; a constant's value.
+    query: str
     description: str
     multi: bool = True
     hidden: bool = False
+    constant: bool = False  # hidden, one value; the chart sets it from its values at render time
 
 
 @dataclass
@@ -98,7 +100,9 @@ def namespace_variable(metric: str) -> Variable:
                     "Kubernetes namespace of the release")
 
 
-def _variable(v: Variable) -> db.QueryVariable:
+def _variable(v: Variable) -> Any:
+    if v.constant:
+        return db.ConstantVariable(v.name).label(v.label).description(v.description).value(v.query)
     b = (db.QueryVariable(v.name).label(v.label).description(v.description).datasource(DS)
          .query(v.query).refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
          .sort(dm.VariableSort.ALPHABETICAL_ASC))
@@ -124,6 +128,15 @@ def _panel(p: Panel, pid: int, height: int) -> Any:
                       .sort(cm.SortOrder.DESCENDING)))
         if "min" in p.extra:
             b = b.min(p.extra["min"])
+        if "thresholds" in p.extra:
+            # Dashed lines at each value (the base step, below the first, draws nothing).
+            steps = [dm.Threshold(None, "transparent"),
+                     *(dm.Threshold(v, c) for v, c in zip(p.extra["thresholds"],
+                                                          ("orange", "red", "dark-red"),
+                                                          strict=False))]
+            b = (b.thresholds(db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps))
+                 .thresholds_style(cb.GraphThresholdsStyleConfig()
+                                   .mode(cm.GraphTresholdsStyleMode.DASHED)))
     b = (b.id(pid).title(p.title).description(p.description).unit(p.unit).datasource(DS)
          .span(p.width).height(height))
     for i, query in enumerate(p.queries):
@@ -160,7 +173,8 @@ def to_json(d: Dashboard) -> str:
     return json.dumps(build(d), indent=2, sort_keys=True) + "\n"
 
 
-_VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+# Names start with a letter: `$1` in a label_replace() is a regex group, which Grafana leaves be.
+_VAR = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
 
 
 def substitute(text: str, values: dict[str, str]) -> str:
@@ -178,6 +192,8 @@ def substitute(text: str, values: dict[str, str]) -> str:
 
 def variable_source(v: Variable) -> tuple[str, str]:
     """label_values(<selector>, <label>) -> (selector, label)."""
+    if v.constant:
+        raise ValueError(f"${v.name} is a constant ({v.query}), not a label_values() query")
     m = re.fullmatch(r"label_values\((.*), (\w+)\)", v.query)
     if m is None:
         raise ValueError(f"${v.name}: not a label_values() query: {v.query}")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from deploy.dashboards.common import (
     NS,
     RATE,
@@ -15,19 +19,42 @@ from deploy.dashboards.common import (
     quantiles,
 )
 
+VALUES = Path(__file__).resolve().parents[1] / "helm" / "llmserve" / "values.yaml"
 GW = f'{NS}, model=~"$model"'
 # The gateway's admission pools are per model: their `pool` label holds the model name.
 FLOW = f'{NS}, pool=~"$model"'
-# The TTFT SLO the burn-rate panel and the chart's burn-rate alert share: 95 % of streams see their
-# first token within 2 s (a bucket bound of llmserve_ttft_seconds), so the error budget is 5 %.
-SLO_TTFT_S = "2.0"
-SLO_BUDGET = "0.05"
+# The TTFT SLO is the chart's (metrics.prometheusRule.ttftSloSeconds and ttftSloObjective, which
+# the burn-rate alert reads): two constant variables of the same names hold it. Their values here
+# are values.yaml's defaults; the chart sets them from the release's values when it ships the
+# dashboard (templates/monitoring/dashboards.yaml), so panel and alert never disagree.
+SLO_KEYS = ("ttftSloSeconds", "ttftSloObjective")
+# The alert's burn-rate thresholds (the Google SRE workbook's for a 30-day budget: 1 h and 5 m at
+# 14.4, 6 h and 30 m at 6), drawn on the panel; tests/deploy/test_dashboard_slo.py checks them
+# against the rendered PrometheusRule.
+BURN_THRESHOLDS = (6.0, 14.4)
+
+
+def go_format(value: float) -> str:
+    """A number as the chart's `printf "%v"` writes it (values are float64 in Go: 2 -> "2")."""
+    text = repr(float(value))
+    return text.removesuffix(".0")
+
+
+def slo_variables() -> list[Variable]:
+    rule = yaml.safe_load(VALUES.read_text(encoding="utf-8"))["metrics"]["prometheusRule"]
+    return [Variable(key, key, go_format(rule[key]),
+                     f"metrics.prometheusRule.{key} of the chart, as the SLO alert uses it",
+                     constant=True)
+            for key in SLO_KEYS]
 
 
 def ttft_burn(window: str) -> str:
-    """Share of streams slower than the SLO over `window`, divided by the budget (1 = on budget)."""
-    return (f"(1 - sum(rate(llmserve_ttft_seconds_bucket{{{GW}, le=~\"2|{SLO_TTFT_S}\"}}[{window}])) "
-            f"/ sum(rate(llmserve_ttft_seconds_count{{{GW}}}[{window}]))) / {SLO_BUDGET}")
+    """Share of streams slower than the SLO over `window`, divided by the budget (1 = on budget).
+    The same expression as the chart's alert, summed over the selected models."""
+    le = "$ttftSloSeconds|${ttftSloSeconds}.0"  # prometheus_client writes le="2.0"
+    return (f'(1 - sum(rate(llmserve_ttft_seconds_bucket{{{GW}, le=~"{le}"}}[{window}])) '
+            f"/ sum(rate(llmserve_ttft_seconds_count{{{GW}}}[{window}]))) "
+            "/ (1 - $ttftSloObjective)")
 
 
 def dashboard() -> Dashboard:
@@ -45,6 +72,7 @@ def dashboard() -> Dashboard:
                      "`unknown`)"),
             Variable("pool", "Pool", f"label_values(llmserve_pool_info{{{NS}}}, pool)",
                      "Worker pool of the chart (layout table)"),
+            *slo_variables(),
         ],
         rows=[
             Row("Traffic", [
@@ -132,12 +160,14 @@ def dashboard() -> Dashboard:
                 Panel("Requests/s per tenant", "Admitted requests per tenant (API key).", "reqps",
                       [q(f"sum by (tenant) (rate(llmserve_tenant_requests_total{{{NS}}}"
                          f"[{RATE}]))", "{{tenant}}")]),
-                Panel("TTFT SLO burn rate",
-                      f"SLO: 95 % of streams see their first token within {SLO_TTFT_S} s. Burn "
-                      "rate = share of slower streams / 5 % budget: 1 spends the budget exactly "
-                      "over the SLO period; the alert pages at 14.4 (1 h and 5 m) and 6 (6 h and "
-                      "30 m).", "none",
-                      [q(ttft_burn("5m"), "5m"), q(ttft_burn("1h"), "1h")], extra={"min": 0}),
+                Panel("TTFT SLO burn rate ($ttftSloObjective within ${ttftSloSeconds}s)",
+                      "Share of streams slower than the SLO (the chart's ttftSloSeconds and "
+                      "ttftSloObjective, which the alerts use too) / the error budget (1 - "
+                      "objective): 1 spends the budget exactly over the SLO period. Dashed: the "
+                      f"alerts' thresholds, {BURN_THRESHOLDS[1]:g} (critical, over 1 h and 5 m) "
+                      f"and {BURN_THRESHOLDS[0]:g} (warning, over 6 h and 30 m).", "none",
+                      [q(ttft_burn("5m"), "5m"), q(ttft_burn("1h"), "1h")],
+                      extra={"min": 0, "thresholds": BURN_THRESHOLDS}),
             ]),
         ],
     )

@@ -4,7 +4,9 @@
 
 RESULTS.json is what tests/e2e/test_observability.py keeps (LLMSERVE_DASHBOARD_RESULTS=...): the
 Prometheus answers to every panel query over a load run. The pictures follow the dashboards'
-layout (rows of panels, Grafana's legend formats and units) so a reader sees what Grafana would.
+layout (rows of panels, Grafana's legend formats and units, threshold lines) so a reader sees what
+Grafana would. A panel whose queries read metrics the results list as synthetic (the GPU panels:
+no GPU where the test runs) says so in its title.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
 COLUMNS = 3
+ROW_HEIGHT = 4.6  # inches: plot, axis labels and a legend of up to three lines
 _LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
@@ -42,8 +45,10 @@ def scale(unit: str, peak: float) -> tuple[float, str]:
         return (1e3, "ms") if peak < 1 else (1.0, "s")
     if unit == "percentunit":
         return 100.0, "%"
-    return 1.0, {"reqps": "req/s", "ops": "ops/s", "short": "", "none": ""}.get(
-        unit, unit.removeprefix("suffix:").strip())
+    if unit == "mbytes":
+        return (1 / 1024, "GiB") if peak >= 1024 else (1.0, "MiB")
+    return 1.0, {"reqps": "req/s", "ops": "ops/s", "short": "", "none": "", "percent": "%",
+                 "watt": "W"}.get(unit, unit.removeprefix("suffix:").strip())
 
 
 def _series(panel: dict[str, Any], start: float) -> list[tuple[str, list[float], list[float]]]:
@@ -75,8 +80,17 @@ def draw_timeseries(ax: Axes, panel: dict[str, Any], start: float) -> None:
     if peak == 0:
         ax.set_ylim(0, 1)  # all zero: a flat line at the bottom, not centred on +-0.05
     else:
-        ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
-    ax.legend(fontsize=8, loc="upper left", ncol=2 if len(series) > 4 else 1, framealpha=0.8)
+        # From zero, with headroom: a flat line at the peak would sit on the top spine.
+        low, high = ax.get_ylim()
+        ax.set_ylim(min(0.0, low), max(high, peak * factor * 1.08))
+    # Grafana draws a threshold only where it falls inside the axis the data sets.
+    bottom, top = ax.get_ylim()
+    for value, color in zip(panel.get("thresholds", []), ("tab:orange", "tab:red"), strict=False):
+        if bottom <= value * factor <= top:
+            ax.axhline(value * factor, color=color, linestyle="--", linewidth=1)
+    # Below the plot, as Grafana's bottom legend: on top it would hide the highest lines.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.2), frameon=False,
+              ncol=2 if len(series) > 2 else 1, borderaxespad=0)
 
 
 def draw_table(ax: Axes, panel: dict[str, Any]) -> None:
@@ -94,11 +108,17 @@ def draw_table(ax: Axes, panel: dict[str, Any]) -> None:
     table.scale(1, 1.6)
 
 
-def render(dashboard: dict[str, Any], start: float, path: Path) -> None:
+def synthetic(panel: dict[str, Any], metrics: list[str]) -> bool:
+    return any(m in q["expr"] for q in panel["queries"] for m in metrics)
+
+
+def render(dashboard: dict[str, Any], start: float, path: Path,
+           synthetic_metrics: list[str] | None = None) -> None:
     panels = dashboard["panels"]
     rows = math.ceil(len(panels) / COLUMNS)
-    fig, axes = plt.subplots(rows, COLUMNS, figsize=(6.4 * COLUMNS, 3.6 * rows + 0.8),
-                             squeeze=False)
+    # Constrained layout leaves room for the legends below the plots.
+    fig, axes = plt.subplots(rows, COLUMNS, figsize=(6.4 * COLUMNS, ROW_HEIGHT * rows + 0.8),
+                             squeeze=False, layout="constrained")
     variables = ", ".join(f"{k}={'All' if v == '.*' else v}"
                           for k, v in dashboard["variables"].items() if not k.startswith("__"))
     fig.suptitle(f"{dashboard['title']}    ({variables})", fontsize=14, x=0.01, ha="left")
@@ -107,12 +127,14 @@ def render(dashboard: dict[str, Any], start: float, path: Path) -> None:
             ax.axis("off")
             continue
         p = panels[i]
-        ax.set_title(p["title"], fontsize=11, loc="left", fontweight="bold")
+        title = p["title"]
+        if synthetic(p, synthetic_metrics or []):
+            title += "  [synthetic series]"
+        ax.set_title(title, fontsize=11, loc="left", fontweight="bold")
         if p["kind"] == "timeseries":
             draw_timeseries(ax, p, start)
         else:
             draw_table(ax, p)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / (3.6 * rows + 0.8)))
     fig.savefig(path, dpi=80)
     plt.close(fig)
 
@@ -130,7 +152,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, dashboard in data["dashboards"].items():
         path = args.out / f"dashboard-{name.removesuffix('.json').removeprefix('llmserve-')}.png"
-        render(dashboard, data["start"], path)
+        render(dashboard, data["start"], path, data.get("synthetic"))
         print(path)
     return 0
 

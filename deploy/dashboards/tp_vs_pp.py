@@ -1,9 +1,12 @@
 """TP vs PP: two pools side by side on the same panels, picked with `$pool_a` and `$pool_b`
 (values-tp-vs-pp.yaml deploys one of each). The hidden `$model_a`/`$model_b` follow from
-llmserve_pool_info, so the gateway's per-model series line up with the engines' per-pool ones."""
+llmserve_pool_info, so the gateway's per-model series line up with the engines' per-pool ones, and
+so do `$tp_a`, `$pp_a`, ...: a replica's GPUs are tp x pp, which the per-GPU throughput divides by.
+"""
 
 from __future__ import annotations
 
+from deploy.dashboards import gpus
 from deploy.dashboards.common import (
     NS,
     RATE,
@@ -29,6 +32,14 @@ def _gateway(side: str) -> str:
     return f'{NS}, model="$model_{side}"'
 
 
+def tokens_per_gpu(side: str) -> str:
+    """Output tok/s of a pool / its GPUs (serving pods, one per replica, x tp x pp)."""
+    engines = _engine(side)
+    replicas = f"count(group by (pod) (vllm:num_requests_running{{{engines}}}))"
+    return (f"sum(rate(vllm:generation_tokens_total{{{engines}}}[{RATE}])) "
+            f"/ ({replicas} * $tp_{side} * $pp_{side})")
+
+
 def _both_quantiles(metric: str, qs: tuple[float, ...]) -> list[Query]:
     return [x for s in SIDES for x in quantiles(metric, _gateway(s), qs, legend=f"$pool_{s} ")]
 
@@ -38,8 +49,8 @@ def dashboard() -> Dashboard:
     return Dashboard(
         uid="llmserve-tp-vs-pp",
         title="llmserve / TP vs PP",
-        description="Two pools on the same panels: throughput, TTFT, TPOT, KV-cache usage. Pick "
-        "the pools with the A and B variables.",
+        description="Two pools on the same panels: throughput (per GPU too), TTFT, TPOT, "
+        "KV-cache usage, GPU utilisation. Pick the pools with the A and B variables.",
         variables=[
             namespace_variable("llmserve_pool_info"),
             Variable("pool_a", "Pool A", pools, "First pool (e.g. the tensor-parallel one)",
@@ -50,6 +61,11 @@ def dashboard() -> Dashboard:
                        f'label_values(llmserve_pool_info{{{NS}, pool="$pool_{s}"}}, model)',
                        f"Served model of pool {s.upper()}", multi=False, hidden=True)
               for s in SIDES),
+            *(Variable(f"{key}_{s}", f"{key.upper()} {s.upper()}",
+                       f'label_values(llmserve_pool_info{{{NS}, pool="$pool_{s}"}}, {key})',
+                       f"{what} of pool {s.upper()}", multi=False, hidden=True)
+              for s in SIDES
+              for key, what in (("tp", "Tensor-parallel size"), ("pp", "Pipeline-parallel size"))),
         ],
         rows=[
             Row("Layouts and throughput", [
@@ -67,6 +83,23 @@ def dashboard() -> Dashboard:
                       "reqps",
                       [q(f"sum(rate(llmserve_requests_total{{{_gateway(s)}}}[{RATE}]))",
                          f"$pool_{s}") for s in SIDES]),
+            ]),
+            Row("Per GPU", [
+                Panel("Output tokens/s per GPU",
+                      "Generation tok/s of each pool / its GPUs (serving pods x tp x pp, from "
+                      "the layout): the comparison's headline, fair across layouts of different "
+                      "sizes.", TOKENS_PER_S,
+                      [q(tokens_per_gpu(s), f"$pool_{s}") for s in SIDES], extra={"min": 0}),
+                Panel("GPU utilisation (mean)",
+                      "DCGM_FI_DEV_GPU_UTIL averaged over each pool's GPUs (followers of a "
+                      "multi-node replica included): PP's pipeline bubble shows as idle time.",
+                      "percent",
+                      [q(f"avg({gpus.pooled(gpus.metric(gpus.GPU_UTIL), _engine(s))})",
+                         f"$pool_{s}") for s in SIDES], extra={"min": 0}),
+                Panel("GPU power (mean per GPU)",
+                      "DCGM_FI_DEV_POWER_USAGE averaged over each pool's GPUs, in watts.", "watt",
+                      [q(f"avg({gpus.pooled(gpus.metric(gpus.POWER), _engine(s))})",
+                         f"$pool_{s}") for s in SIDES], extra={"min": 0}),
             ]),
             Row("Latency", [
                 Panel("Time to first token (p50, p95)",

@@ -6,7 +6,9 @@ with what the clients saw (vllm bench serve's definitions of TTFT, ITL and TPOT)
 The gateway is this test's own (no engine of its own: it fronts the session's workers), so its
 counters hold exactly this load. The two workers are labelled as two pools, cpu-a and cpu-b, the
 way the chart's PodMonitor labels pods, so the TP vs PP dashboard has two pools to put side by
-side (both TP=1 PP=1: one CPU core each can do nothing else).
+side (both TP=1 PP=1: one CPU core each can do nothing else). There is no GPU here, so a synthetic
+DCGM exporter (tests/syntheticexporter.py) stands in for NVIDIA's: one GPU per worker pod, with the
+labels the real one puts on a pod's GPU; the results say which metrics were synthetic.
 
 LLMSERVE_DASHBOARD_RESULTS=<file> keeps the panels' query results for the PNG renderer
 (python -m deploy.dashboards.render).
@@ -27,12 +29,15 @@ import httpx
 import orjson
 import pytest
 
+from deploy.dashboards import gpus
 from deploy.dashboards.__main__ import all_dashboards
-from deploy.dashboards.common import Dashboard, substitute, variable_source
+from deploy.dashboards.common import substitute
 from devstack.procs import Proc
 from devstack.stack import CPU_FLOW_ARGS, LocalStack, wait_http_ok
+from tests.dashboardquery import ALL, resolve
 from tests.ports import free_port
 from tests.prometheusserver import PrometheusServer, Target, prometheus_server
+from tests.syntheticexporter import Series, synthetic_exporter
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus]
 
@@ -44,7 +49,6 @@ UNKNOWN = 2
 MAX_TOKENS = 24
 CONCURRENCY = 4
 RATE_INTERVAL = "15s"  # Grafana's $__rate_interval for a 1 s scrape, rounded up
-ALL = ".*"  # Grafana's "All" for the multi-value variables (their allValue)
 
 
 @dataclass
@@ -117,26 +121,22 @@ async def _load(url: str, model: str) -> list[Seen]:
     return list(seen)
 
 
+def _gpu_series(pods: list[str]) -> list[Series]:
+    """One synthetic GPU per pod, labelled as DCGM exporter's pod mapping labels it."""
+    out = []
+    for i, pod in enumerate(pods):
+        labels = {"gpu": "0", "UUID": f"GPU-synthetic-{i}", "modelName": "synthetic",
+                  "Hostname": f"node-{i}", "namespace": NS, "pod": pod, "container": "vllm"}
+        out += [Series(gpus.GPU_UTIL, labels, 60.0 + 20 * i),
+                Series(gpus.FB_USED, labels, 60000.0 + 5000 * i),
+                Series(gpus.FB_FREE, labels, 20000.0 - 5000 * i),
+                Series(gpus.POWER, labels, 300.0 + 50 * i)]
+    return out
+
+
 def _total(prom: PrometheusServer, expr: str) -> float:
     result = prom.query(f"sum({expr})")
     return float(result[0]["value"][1]) if result else 0.0
-
-
-def _resolve(prom: PrometheusServer, d: Dashboard, start: float, end: float,
-             preferred: dict[str, str]) -> dict[str, str]:
-    """Each template variable as Grafana resolves it (label values of its selector, in order, so
-    chained variables see the earlier ones); the value picked is `preferred`'s, which must be
-    among them, or All."""
-    values = {"__rate_interval": RATE_INTERVAL}
-    for v in d.variables:
-        selector, label = variable_source(v)
-        series = prom.api("series", **{"match[]": substitute(selector, values),
-                                       "start": start, "end": end})
-        found = sorted({s[label] for s in series if label in s})
-        want = preferred[v.name]
-        assert found and (want == ALL or want in found), (d.uid, v.name, found)
-        values[v.name] = want
-    return values
 
 
 def test_dashboards_have_data_and_the_gateway_agrees_with_its_clients(
@@ -150,21 +150,27 @@ def test_dashboards_have_data_and_the_gateway_agrees_with_its_clients(
         argv += ["--backend", url]
     gateway = Proc("obs-gateway", argv, dict(os.environ), tmp_path / "gateway.log")
     gw_url = f"http://127.0.0.1:{port}"
-    targets = [Target("llmserve-gateway", gw_url, {"namespace": NS, "pod": "gw-0"})] + [
-        Target("llmserve-workers", url, {"namespace": NS, "pool": pool, "pod": f"w-{i}"})
-        for i, (url, pool) in enumerate(zip(stack.worker_urls, POOLS, strict=True))
-    ]
+    workers = [Target("llmserve-workers", url, {"namespace": NS, "pool": pool, "pod": f"w-{i}"})
+               for i, (url, pool) in enumerate(zip(stack.worker_urls, POOLS, strict=True))]
     try:
         wait_http_ok(gw_url + "/ready", 60, [gateway])
-        with prometheus_server(tmp_path, targets) as prom:
-            prom.wait_scraped(time.time(), len(targets))
-            start = time.time()
-            seen = asyncio.run(_load(gw_url, model_name))
-            prom.wait_scraped(time.time() + 0.2, len(targets))  # a scrape after the last answer
-            end = time.time()
-            _check_agreement(prom, seen, model_name)
-            results, empty = _query_dashboards(prom, start, end, model_name)
-            _check_alert_expressions(prom)
+        with synthetic_exporter(_gpu_series([w.labels["pod"] for w in workers])) as dcgm_url:
+            targets = [
+                Target("llmserve-gateway", gw_url, {"namespace": NS, "pod": "gw-0"}),
+                *workers,
+                # Scraped as DCGM exporter should be: honorLabels keeps its pod labels.
+                Target("dcgm-exporter", dcgm_url,
+                       {"namespace": "gpu-operator", "pod": "dcgm-exporter-0"}, honor_labels=True),
+            ]
+            with prometheus_server(tmp_path, targets) as prom:
+                prom.wait_scraped(time.time(), len(targets))
+                start = time.time()
+                seen = asyncio.run(_load(gw_url, model_name))
+                prom.wait_scraped(time.time() + 0.2, len(targets))  # a scrape after the last answer
+                end = time.time()
+                _check_agreement(prom, seen, model_name)
+                results, empty = _query_dashboards(prom, start, end, model_name)
+                _check_alert_expressions(prom)
     finally:
         gateway.stop()
     text = json.dumps(results, indent=1)
@@ -224,10 +230,11 @@ def _query_dashboards(prom: PrometheusServer, start: float, end: float, model: s
     # One model; every pool (the engine panels then show both workers); the two pools apart.
     preferred = {"namespace": NS, "model": model, "pool": ALL, "pool_a": POOLS[0],
                  "pool_b": POOLS[1], "model_a": model, "model_b": model}
-    results: dict[str, Any] = {"start": start, "end": end, "dashboards": {}}
+    results: dict[str, Any] = {"start": start, "end": end, "dashboards": {},
+                               "synthetic": list(gpus.METRICS)}
     empty = []
     for name, d in all_dashboards().items():
-        values = _resolve(prom, d, start, end, preferred)
+        values = resolve(prom, d, start, end, preferred, RATE_INTERVAL)
         panels = []
         for p in d.panels():
             series = []
@@ -243,8 +250,10 @@ def _query_dashboards(prom: PrometheusServer, start: float, end: float, model: s
                     empty.append(f"{name}: {p.title}: {expr}")
                 series.append({"legend": substitute(q.legend, values), "expr": expr,
                                "result": found})
-            panels.append({"title": p.title, "unit": p.unit, "kind": p.kind,
-                           "description": p.description, "width": p.width, "queries": series})
+            panels.append({"title": substitute(p.title, values), "unit": p.unit,
+                           "kind": p.kind, "description": p.description, "width": p.width,
+                           "thresholds": list(p.extra.get("thresholds", ())),
+                           "queries": series})
         results["dashboards"][name] = {"title": d.title, "variables": values, "panels": panels}
     return results, empty
 
