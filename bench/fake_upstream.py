@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -88,6 +89,11 @@ class Behaviour(BaseSettings):
     usage_json: str = Field("", description="raw JSON sent as every answer's `usage` instead of "
                                             "the real counts (a malformed upstream); empty: the "
                                             "real counts")
+    max_num_seqs: int = Field(0, ge=0, le=100_000,
+                              description="completions served at once, like an engine's batch "
+                                          "(vLLM's --max-num-seqs); later ones wait for a slot "
+                                          "in arrival order, and their first token with them; "
+                                          "0: no limit")
     events_per_write: int = Field(1, ge=1, le=1024,
                                   description="SSE events per socket write (1: each its own write, "
                                               "like an engine)")
@@ -391,6 +397,12 @@ class _Protocol(asyncio.Protocol):
             body = b.fail_body.encode() or _error_body("scripted failure", "server_error")
             self._write(_plain(b.fail_status, body))
             return
+        async with u.slot():
+            await self._answer(kind, body, n, prompts)
+
+    async def _answer(self, kind: str, body: dict[str, Any], n: int, prompts: int) -> None:
+        u = self.u
+        b = u.behaviour
         if not body.get("stream"):
             if b.token_delay_s:
                 await asyncio.sleep(b.token_delay_s * n)
@@ -465,6 +477,27 @@ class FakeUpstream:
         self.port = 0
         self.connections: set[_Protocol] = set()
         self.tasks: set[asyncio.Future[None]] = set()
+        self.waiting = 0  # completions waiting for one of `max_num_seqs` slots now
+        self._slots: asyncio.Semaphore | None = None  # made in the serving loop
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """One of `max_num_seqs` sequence slots, first come first served (none: no limit)."""
+        n = self.behaviour.max_num_seqs
+        if not n:
+            yield
+            return
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(n)
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self._slots.release()
 
     def drop_connections(self) -> None:
         """Abort every open client connection (keep-alive ones included)."""

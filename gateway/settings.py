@@ -61,12 +61,14 @@ class FlowSettings(BaseModel):
         1.0, gt=0, description="longest wait in the gateway queue before a 503"
     )
     max_queue: int = Field(512, ge=0, description="queued requests per pool before 503")
-    # Slow start grows the limit a slot per first token, so a cold gateway lags the demand by
-    # (arrival rate x TTFT) minus this, and queues meanwhile: 64 lets a cold gateway take as high
-    # a rate as vllm-router at 100 ms TTFT, where 32 did not (bench/real_pace.py --headroom).
-    # Under real overload the limit leaves its start within seconds either way
-    # (bench/flow_engine.py); docs/benchmarks.md has both figures.
-    initial_limit: int = Field(64, ge=1, description="starting concurrency limit per pool")
+    # Small enough that a cold burst does not fill a small replica's queue past the TTFT target
+    # before the first token shows its pace (8 sequence slots serve ~25 within 0.3 s); slow start
+    # doubles it every round trip from there, and the door queues one doubling meanwhile
+    # (flow/admission.py), so healthy engines still take a cold burst at once. At most what one
+    # replica runs at the target TTFT.
+    initial_limit: int = Field(24, ge=1, description="starting concurrency limit per pool "
+                                                      "(at most what one replica serves within "
+                                                      "the TTFT target)")
     min_limit: int = Field(2, ge=1, description="floor of the adaptive concurrency limit")
     max_limit: int = Field(
         1024, ge=1, description="ceiling of the adaptive concurrency limit per available replica "

@@ -4,24 +4,35 @@ Order for one request: the tenant's token buckets (429 `rate_limit_exceeded`), t
 adaptive concurrency limit. Below the limit with nobody queued a request is admitted at once: an
 integer compare and increment, no future, no task. Otherwise it waits in the pool's fair queue.
 
-A request that would wait past `queue_timeout_s` (estimated from the requests ahead of it and the
-pool's observed drain rate, or in slow start the pace at which the limit grows, whichever is
-faster) is refused at once instead of timing out later: the client hears "retry in N s" within
-milliseconds. Before the pool's first sample nothing is known of the engines' pace and the estimate
-assumes the slowest they may be (a slot per target): a cold burst beyond the limit is refused.
-Every refusal carries a Retry-After computed from the same queue and rate, never a constant.
+A request that would wait past `queue_timeout_s` is refused at once instead of timing out later:
+the client hears "retry in N s" within milliseconds. The door queues a request only if
 
-A request that did get into the queue was promised service within the timeout, so when the
-estimate proves too hopeful (usually because the limit was cut while it waited) it is sent at its
-deadline, above the limit, rather than refused after a wasted second: every refusal stays fast,
-its TTFT stays within the target (queue timeout + the engines' share), and the overshoot is bounded
-by the few requests the estimate let into the queue (`llmserve_queue_overflows_total`). Refusing
-them instead makes some refusals take the whole timeout (docs/benchmarks.md, flow control).
+- the pool's measured drain rate serves it within half the timeout (the requests ahead of it over
+  the completions per second), or
+- the limit is still climbing from a cold start (slow start, see limiter.py) and nothing shows the
+  engines full yet, and the request is within one doubling of the limit: fewer requests ahead of
+  it than are in flight, each of which adds slots when its first token comes back fast.
+
+A queued request was promised service within the timeout. If the estimate proves too hopeful
+(usually because the limit was cut while it waited) it is sent at its deadline, above the limit,
+rather than refused after a wasted wait: the overshoot is bounded by the few requests the
+estimate let in (`llmserve_queue_overflows_total`). A request queued on slow start's promise is
+sent at its deadline only if the engines kept up, every request sent before it having had its
+first token; otherwise it is refused then (`queue_timeout`): the engines are full, and sent above
+the limit it would wait inside them past the target.
+
+Why both promises need this shape: a cold gateway in front of healthy engines must not refuse
+what their growing limit will serve a round trip later (a 400 req/s burst at 100 ms TTFT needs
+40 slots before the first token comes back), while a cold gateway in front of full engines must
+not push a burst into them (8 sequence slots at 114 ms a stream serve ~25 requests within a
+0.3 s TTFT). The first tokens tell the two apart: fast and in dispatch order, or overdue.
+Before the drain rate is measured, nothing but slow start's promise queues a request.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from time import monotonic
 
@@ -40,13 +51,17 @@ from gateway.settings import FlowSettings
 # timeout for the same 503 (with the estimate taken at face value, the slowest refusals at 2x load
 # on the real engine were queue timeouts: docs/benchmarks.md, flow control).
 QUEUE_HEADROOM = 0.5
+# In slow start, a request in flight this many recent first-token times without its own first
+# token shows the engines queueing: the limit has reached their capacity, whatever it says.
+OVERDUE = 1.5
 
 
 class Pool:
     """One model's backends as admission sees them: limit, in-flight count, queue, drain rate."""
 
-    __slots__ = ("_clock", "_empty_since", "_metrics", "_overflows", "_queue_time", "_settings",
-                 "_weights", "by_tenant", "drain", "in_flight", "limiter", "name", "queue")
+    __slots__ = ("_clock", "_empty_since", "_metrics", "_overflows", "_pending", "_queue_time",
+                 "_settings", "_weights", "by_tenant", "drain", "in_flight", "limiter", "name",
+                 "queue")
 
     def __init__(
         self, name: str, settings: FlowSettings, metrics: GatewayMetrics,
@@ -66,6 +81,9 @@ class Pool:
         self.queue = FairQueue(settings.max_queue)
         self.drain = DrainRate(clock)
         self.in_flight = 0
+        # In slow start: dispatch times of the requests in flight without a first token yet,
+        # oldest first (see `climbing`).
+        self._pending: deque[float] = deque()
         self._empty_since = clock()
         # Admitted requests per tenant (and its weight), for the fair-share check below.
         self.by_tenant: dict[str, int] = {}
@@ -85,6 +103,8 @@ class Pool:
 
     def _take(self, tenant: str, weight: float) -> None:
         self.in_flight += 1
+        if self.limiter.slow_start:
+            self._pending.append(self._clock())
         bt = self.by_tenant
         n = bt.get(tenant)
         if n is None:
@@ -119,12 +139,17 @@ class Pool:
             self._queue_time.observe(0.0)
             return
         s = self._settings
-        # Slots come back as requests complete and, in slow start, as the limit grows.
-        rate = max(self.drain.current(), self.limiter.growth_rate(self.in_flight))
+        rate = self.drain.current()
         limit = self.limiter.limit
         target = self.limiter.target_s
         ahead = self.queue.ahead_of(tenant.name, cls, tenant.weight)
-        if expected_wait(ahead, rate, limit, target) > s.queue_timeout_s * QUEUE_HEADROOM:
+        # A request queues if the pool's measured drain rate serves it in time, or, while the
+        # limit still climbs from a cold start, if it is within one doubling: the slots the
+        # requests in flight add as their first tokens come back (`promised`).
+        served = rate > 0.0 and (expected_wait(ahead, rate, limit, target)
+                                 <= s.queue_timeout_s * QUEUE_HEADROOM)
+        promised = not served and ahead < self.in_flight and self._climbing()
+        if not (served or promised):
             raise self._refuse("queue_wait", ahead, rate)
         loop = asyncio.get_running_loop()
         now = self._clock()
@@ -144,6 +169,11 @@ class Pool:
         except TimeoutError:
             if not self._granted(w):  # else the slot came in the same instant as the deadline
                 self.queue.remove(w)
+                if promised and not self._kept_up(now):
+                    # Queued on slow start's promise, and the engines turned out to be full:
+                    # sent now, it would wait inside them past the target.
+                    self._queue_time.observe(self._clock() - now)
+                    raise self._refuse("queue_timeout", len(self.queue), self.drain.current())
                 self._take(tenant.name, tenant.weight)
                 self._overflows.inc()
             self._queue_time.observe(self._clock() - now)
@@ -156,8 +186,27 @@ class Pool:
             raise
         self._queue_time.observe(self._clock() - now)
 
+    def _climbing(self) -> bool:
+        """The limit is still climbing from a cold start and nothing shows the engines full yet:
+        slow start, and no request in flight overdue for its first token (before the first one
+        comes back nothing is known, and the climb is given the benefit of the doubt)."""
+        if not self.limiter.slow_start:
+            return False
+        first = self.limiter.first_token_s
+        pending = self._pending
+        return first <= 0.0 or not pending or self._clock() - pending[0] <= OVERDUE * first
+
+    def _kept_up(self, since: float) -> bool:
+        """Still in slow start, and every request sent before `since` has had its first token:
+        the engines have shown they keep up with the climb."""
+        pending = self._pending
+        return self.limiter.slow_start and (not pending or pending[0] > since)
+
     def release(self, tenant: str = ANONYMOUS) -> None:
         self.in_flight -= 1
+        pending = self._pending
+        if len(pending) > self.in_flight:  # one ended without a first token (error, abort)
+            pending.popleft()
         n = self.by_tenant[tenant] - 1
         if n:
             self.by_tenant[tenant] = n
@@ -175,13 +224,23 @@ class Pool:
         """A streamed request's upstream TTFT."""
         before = self.limiter.limit
         self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight)
+        self._sampled()
         self._grew(before)
 
     def sample_whole(self, latency_s: float, tokens: int, dispatched_at: float) -> None:
         """A whole (non-streamed) answer's upstream latency and its generated tokens."""
         before = self.limiter.limit
         self.limiter.on_whole_sample(latency_s, tokens, dispatched_at, self.in_flight)
+        self._sampled()
         self._grew(before)
+
+    def _sampled(self) -> None:
+        pending = self._pending
+        if pending:
+            if self.limiter.slow_start:
+                pending.popleft()  # first tokens come back about in dispatch order
+            else:
+                pending.clear()
 
     def _grew(self, before: int) -> None:
         grown = self.limiter.limit - before
@@ -233,6 +292,7 @@ class Pool:
         what = {
             "queue_full": "the queue is full",
             "queue_wait": "the queue is too long to be served in time",
+            "queue_timeout": "no slot came free in time",
         }[reason]
         return Unavailable(
             f"model '{self.name}' is overloaded ({what}); retry after {wait:.0f}s",

@@ -14,11 +14,16 @@ target too: work is piling up inside them, which is what the limit exists to pre
 - Target missed: multiplicative decrease, scaled by the overshoot (`target / latency`, never below
   half, never above `backoff`), at most once per round trip: samples from requests dispatched
   before the last decrease describe the old limit and are ignored.
-- Slow start (TCP's, and Netflix concurrency-limits' "gradient" warm-up): until the first decrease,
-  a sample far below the target (under `SLOW_START_BELOW` of it) adds a whole slot, so the limit
-  doubles every round trip of the window instead of creeping. Additive growth alone left a cold
-  gateway refusing requests for the first seconds of a burst that its engines could serve at
-  once (bench/real_pace.py, docs/benchmarks.md).
+- Slow start (TCP's): from the start, and again after an idle spell, a sample far below the target
+  (under `SLOW_START_BELOW` of it) adds slots so that the limit doubles every round trip instead
+  of creeping: two per streamed first token (the stream keeps the slot it holds, and one more),
+  one per whole answer (which frees its own slot as it ends). Slow start ends at the first cut,
+  at engine pressure, or at the first sample at `SLOW_START_BELOW` of the target or later: the
+  engines now queue enough to show it, so the limit has met their capacity. That sample also cuts
+  the limit by how much slower than the climb's fastest sample it came back, tolerating
+  `GRADIENT_TOLERANCE` x (Netflix concurrency-limits' gradient), at most halving it: the climb
+  overshoots by up to a round trip of growth, and waiting for a miss of the target itself would
+  leave that overshoot in the engines' queue for another round trip.
 - Whole (non-streamed) answers, the other request class, have no TTFT: their latency is the whole
   generation, and grows with its length. Each is judged per generated token against the best
   per-token latency this pool has seen lately (Netflix concurrency-limits' gradient: latency
@@ -52,15 +57,14 @@ BEST_DRIFT = 0.005
 # engine's decode, and against a best of microseconds every scheduling hiccup read as a 2x miss and
 # cut the limit (503s from a healthy upstream in tests/gateway/flow/test_shared_limits.py).
 MIN_BEST_PER_TOKEN_S = 0.005
-# Weight of each sample in the recent turnover (slow start's pace, see `growth_rate`).
-TURNOVER_ALPHA = 0.2
-# The turnover is never taken below this: a near-instant sample must not promise unbounded growth.
-MIN_TURNOVER_S = 0.01
+# Slow start ends at a sample this many times slower than its fastest, cut by the ratio (a
+# first token twice the fastest is still the engines' own pace: batching, a longer prompt).
+GRADIENT_TOLERANCE = 2.0
 
 
 class AimdLimiter:
-    __slots__ = ("_backoff", "_best_per_token", "_ceiling", "_clock", "_floor", "_grew",
-                 "_initial", "_last_cut", "_limit", "_slow_start", "_target", "_turnover", "limit")
+    __slots__ = ("_backoff", "_best_per_token", "_ceiling", "_clock", "_first_token", "_floor",
+                 "_initial", "_last_cut", "_limit", "_slow_start", "_target", "limit")
 
     def __init__(
         self, *, initial: int, floor: int, ceiling: int, target_s: float, backoff: float = 0.9,
@@ -80,35 +84,54 @@ class AimdLimiter:
         self._clock = clock
         self._last_cut = -1e18
         self._best_per_token = 0.0  # whole answers: best seconds per token lately (0: none yet)
-        # Slow start's pace, for the door's wait estimate (`growth_rate`): a recent average of the
-        # time from dispatch to a sample (0: none since start or idle), and whether the last
-        # sample added a slot.
-        self._turnover = 0.0
-        self._grew = False
+        self._first_token = 0.0  # slow start: fastest time from dispatch to a sample (0: none yet)
         self.limit = initial  # the integer the admission check reads
 
     @property
     def target_s(self) -> float:
         return self._target
 
+    @property
+    def slow_start(self) -> bool:
+        """True while the limit is still climbing from a start or a pause: no first token has yet
+        come back at half the target or later, and nothing was cut. False once the engines have
+        shown their capacity."""
+        return self._slow_start
+
+    @property
+    def first_token_s(self) -> float:
+        """In slow start, the fastest time from dispatch to a sample since the start or the last
+        pause (0: none yet): how soon a request in flight should add its slots."""
+        return self._first_token if self._slow_start else 0.0
+
     def on_sample(self, latency_s: float, dispatched_at: float, in_flight: int, *,
                   turnover_s: float | None = None) -> None:
         """One request's upstream TTFT; `in_flight` counts admitted requests at that moment;
         `turnover_s` is the time the sample took to come back when it differs from `latency_s`
         (a whole answer's, judged on another scale)."""
-        took = latency_s if turnover_s is None else turnover_s
-        self._turnover = took if self._turnover <= 0.0 else (
-            self._turnover + (took - self._turnover) * TURNOVER_ALPHA)
-        self._grew = False
+        if self._slow_start:
+            took = latency_s if turnover_s is None else turnover_s
+            if latency_s >= SLOW_START_BELOW * self._target:
+                # The engines queue enough to show in the first token: the limit has met their
+                # capacity. Slow start ends with a cut by how much slower than the climb's
+                # fastest sample this one came back (Netflix's gradient), at most halved.
+                self._slow_start = False
+                if self._first_token > 0.0 and latency_s <= self._target:  # a miss cuts below
+                    self._set(self._limit * min(1.0, max(0.5, GRADIENT_TOLERANCE
+                                                         * self._first_token / took)))
+            elif self._first_token <= 0.0 or took < self._first_token:
+                self._first_token = took
         if latency_s > self._target:
             if dispatched_at >= self._last_cut:
                 self._cut(self._target / latency_s)
             return
         # Grow only when the limit binds: an idle pool proves nothing about a higher limit.
         if in_flight * 2 >= self.limit:
-            if self._slow_start and latency_s < SLOW_START_BELOW * self._target:
-                self._set(self._limit + 1.0)
-                self._grew = True
+            if self._slow_start:
+                # A stream keeps its slot after its first token: each adds the slot it holds
+                # and one more, so the limit doubles every round trip. A whole answer's sample
+                # comes as it ends and frees its own slot: one more doubles it.
+                self._set(self._limit + (1.0 if turnover_s is not None else 2.0))
                 return
             room = 1.0 - latency_s / self._target
             self._set(self._limit + max(1.0 / self._limit, GROWTH * room))
@@ -131,26 +154,13 @@ class AimdLimiter:
         self.on_sample(self._target * (ratio - 1.0) / (WHOLE_TOLERANCE - 1.0), dispatched_at,
                        in_flight, turnover_s=latency_s)
 
-    def growth_rate(self, in_flight: int) -> float:
-        """Slots per second slow start is about to add: while its samples come back far below the
-        target, each of the `in_flight` requests adds one when its sample arrives, within about
-        the recent turnover. 0 outside slow start, or with no sample since start or idle.
-
-        Why the door needs it: its wait estimate otherwise counts only completions, and in slow
-        start nothing has completed yet while the limit doubles every turnover: a cold gateway
-        refused requests in waves a turnover apart (bench/real_pace.py, docs/benchmarks.md)."""
-        if not (self._slow_start and self._grew) or self._turnover <= 0.0:
-            return 0.0
-        return in_flight / max(self._turnover, MIN_TURNOVER_S)
-
     def on_idle(self, idle_s: float) -> None:
         """The pool has been empty for `idle_s`: decay toward the starting limit, slow start again."""
         spells = int(idle_s / (IDLE_S * self._target))
         if spells <= 0:
             return
         self._slow_start = True
-        self._turnover = 0.0  # the engines' pace before the pause says little about the next burst
-        self._grew = False
+        self._first_token = 0.0  # the pace before the pause says little about the next burst
         if self._limit > self._initial:
             self._set(max(float(self._initial), self._limit / 2.0 ** min(spells, 30)))
 

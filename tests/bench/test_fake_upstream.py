@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import socket
+import time
 
+import httpx
 import pytest
 
-from bench.fake_upstream import start_in_thread
+from bench.fake_upstream import Behaviour, start_fake_upstream, start_in_thread
 
 
 @pytest.mark.slow
@@ -22,3 +25,30 @@ def test_a_connection_accepted_as_it_stops_is_closed_not_leaked() -> None:
         client.close()
         gc.collect()
     assert up.connections == set()
+
+
+async def test_sequence_slots_queue_completions_in_arrival_order() -> None:
+    # Two slots, answers of 0.2 s: the third and fourth wait a whole answer for a slot, and their
+    # first token with them, as in an engine whose batch is full.
+    behaviour = Behaviour(max_num_seqs=2, tokens=4, token_delay_s=0.05)
+    async with start_fake_upstream(behaviour=behaviour) as up, httpx.AsyncClient() as client:
+        t0 = time.perf_counter()
+        firsts: list[float] = []
+
+        async def stream() -> None:
+            body = {"model": "demo", "stream": True, "messages": [{"role": "user",
+                                                                   "content": "hi"}]}
+            async with client.stream("POST", up.url + "/v1/chat/completions", json=body) as r:
+                seen = False
+                async for line in r.aiter_lines():
+                    if not seen and '"content"' in line:
+                        firsts.append(time.perf_counter() - t0)
+                        seen = True
+
+        tasks = [asyncio.create_task(stream()) for _ in range(4)]
+        await asyncio.sleep(0.02)
+        assert up.waiting == 2
+        await asyncio.gather(*tasks)
+    firsts.sort()
+    assert firsts[1] < 0.15 and firsts[2] > 0.2  # the third came after a slot freed
+    assert up.waiting == 0

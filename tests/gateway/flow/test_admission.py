@@ -20,15 +20,20 @@ def admission(clock: FakeClock | None = None, **kw: object) -> tuple[Admission, 
     return Admission(s, m, clock or FakeClock()), m
 
 
-def pace(pool: Pool, clock: FakeClock, rate: float) -> None:
+def pace(pool: Pool, clock: FakeClock, rate: float, climbing: bool = False) -> None:
     """Teach an idle pool that it completes `rate` requests per second, the way it learns it in
-    service: requests finishing `1 / rate` apart on its clock, until the drain rate folds in."""
+    service: requests finishing `1 / rate` apart on its clock, until the drain rate folds in.
+    Unless `climbing`, the pool is past slow start too, as a pool in service is: its drain rate
+    alone decides who may queue."""
     assert pool.in_flight == 0
     for _ in range(int(rate) + 2):
         assert pool.try_acquire()
         clock.advance(1 / rate)
         pool.release()
     assert pool.drain.current() == pytest.approx(rate, rel=0.05)
+    if not climbing:
+        pool.sample(pool.limiter.target_s * 0.6, clock())  # over half the target: no more climb
+        assert not pool.limiter.slow_start
 
 
 def sample(m: GatewayMetrics, name: str, **labels: str) -> float:
@@ -215,16 +220,15 @@ async def test_slots_the_limit_grows_go_to_the_queue_at_once() -> None:
     adm, _ = admission(clock, max_queue=10, queue_timeout_s=1.0, ttft_target_s=4.0)
     pool = adm.pool("demo")
     t = adm.tenants.for_key(None)
-    pace(pool, clock, 100.0)
+    pace(pool, clock, 100.0, climbing=True)
     assert pool.try_acquire() and pool.try_acquire()
     waiters = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(3)]
     await asyncio.sleep(0)
     assert len(pool.queue) == 3
     dispatched = clock()
-    pool.sample(0.1, dispatched)  # slow start: one more slot ...
+    pool.sample(0.1, dispatched)  # slow start: two more slots ...
     await asyncio.sleep(0)
-    assert sum(w.done() for w in waiters) == 1 and pool.in_flight == 3  # ... served now
-    pool.sample(0.1, dispatched)
+    assert sum(w.done() for w in waiters) == 2 and pool.in_flight == 4  # ... served now
     pool.sample(0.1, dispatched)
     await asyncio.gather(*waiters)
     assert pool.in_flight == 5 and len(pool.queue) == 0
@@ -234,11 +238,11 @@ async def test_first_request_after_an_idle_spell_meets_a_decayed_limit() -> None
     clock = FakeClock()
     adm, _ = admission(clock, initial_limit=2, max_limit=64)
     pool = adm.pool("demo")
-    for _ in range(30):  # the limit climbs while it binds
+    for _ in range(15):  # the limit climbs while it binds, two slots per first token
         assert pool.try_acquire()
         pool.sample(0.05, clock())
     assert pool.limiter.limit == 32
-    for _ in range(30):
+    for _ in range(15):
         pool.release()
     clock.advance(10 * 0.8 * 2 + 0.1)  # two idle spells of 10 targets (0.8 s: 1.0 - 0.2 queue)
     assert pool.try_acquire()
@@ -276,37 +280,74 @@ async def test_pushing_out_a_request_that_is_leaving_anyway_does_not_fail_the_ne
     await asyncio.gather(older, newcomer, return_exceptions=True)
 
 
-async def test_a_cold_pool_in_slow_start_queues_what_its_growth_will_admit() -> None:
-    # The door counts slow start's growth: engines answering first tokens at 0.1 s against a 3 s
-    # target add a slot per answer, so a short queue is served within the timeout although
-    # nothing has completed yet (a cold gateway at 400 streams/s refused in waves without this).
+async def test_a_cold_pool_queues_one_doubling_and_the_first_tokens_serve_it() -> None:
+    # Engines answering first tokens at 0.1 s against a 3 s target: each adds two slots, so a
+    # queue as long as what is in flight is served a round trip later, although nothing has
+    # completed yet (a cold gateway at 400 streams/s must not refuse what its engines serve).
     clock = FakeClock()
     adm, m = admission(clock, initial_limit=8, max_limit=64, ttft_target_s=4.0,
                        queue_timeout_s=1.0, max_queue=100)
     pool = adm.pool("demo")
     t = adm.tenants.for_key(None)
+    sent = clock()
     for _ in range(8):
         assert pool.try_acquire()
-    # Before any first token the door knows nothing of the engines' pace: it assumes the worst
-    # (each slot held for the whole 3 s the engines may take), which keeps the overload bar: a
-    # cold burst is refused at once beyond the first in line (8 / 3 s: 0.375 s, then 0.75 s).
-    queued = [asyncio.create_task(pool.acquire(t, 1))]
+    queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(8)]
     await asyncio.sleep(0)
-    with pytest.raises(Unavailable):
+    assert len(pool.queue) == 8
+    with pytest.raises(Unavailable):  # beyond one doubling: refused at once
         await pool.acquire(t, 1)
     assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1
-    # First tokens at 0.1 s: each adds a slot and lets one queued request in.
-    pool.sample(0.1, clock())
-    await asyncio.wait_for(queued[0], 1)
-    assert pool.limiter.limit == 9 and pool.in_flight == 9
-    # With that pace known, a queue as long as what is in flight fits in the timeout.
-    queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(9)]
-    await asyncio.sleep(0)
-    assert len(pool.queue) == 9
-    for _ in range(9):
-        pool.sample(0.1, clock())
+    clock.advance(0.1)
+    for _ in range(4):
+        pool.sample(0.1, sent)
     await asyncio.wait_for(asyncio.gather(*queued), 1)
-    assert pool.in_flight == 18 and len(pool.queue) == 0
+    assert (pool.limiter.limit, pool.in_flight, len(pool.queue)) == (16, 16, 0)
+
+
+async def test_slow_starts_promise_is_refused_at_its_deadline_when_the_engines_fall_behind(
+) -> None:
+    # Queued on the climb's promise, but the requests sent before it never answer: the engines are
+    # full, and sent above the limit it would wait inside them past the target. Refused then.
+    clock = FakeClock()
+    adm, m = admission(clock, initial_limit=4, max_limit=64, ttft_target_s=0.4,
+                       queue_timeout_s=0.05, max_queue=100)
+    pool = adm.pool("demo")
+    t = adm.tenants.for_key(None)
+    sent = clock()
+    for _ in range(4):
+        assert pool.try_acquire()
+    queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(4)]
+    await asyncio.sleep(0)
+    assert len(pool.queue) == 4
+    clock.advance(0.05)
+    pool.sample(0.05, sent)  # one first token, fast: two slots for the queue
+    clock.advance(0.05)  # the other three are overdue now (1.5 x 0.05 s)
+    with pytest.raises(Unavailable):  # no longer climbing: nothing more is promised
+        await pool.acquire(t, 1)
+    results = await asyncio.gather(*queued, return_exceptions=True)
+    refused = [r for r in results if isinstance(r, Unavailable)]
+    assert len(refused) == 2 and all(r.retry_after for r in refused)
+    assert pool.in_flight == 6 and len(pool.queue) == 0
+    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_timeout") == 2
+    assert sample(m, "llmserve_queue_overflows_total", pool="demo") == 0
+
+
+async def test_no_blind_queue_before_the_drain_rate_is_measured() -> None:
+    # Past slow start and before the first completion is counted, the door knows no pace to
+    # promise a wait on: it refuses at once rather than queue and send above the limit later.
+    clock = FakeClock()
+    adm, m = admission(clock, initial_limit=4, max_limit=64, ttft_target_s=4.0,
+                       queue_timeout_s=1.0, max_queue=100)
+    pool = adm.pool("demo")
+    t = adm.tenants.for_key(None)
+    for _ in range(4):
+        assert pool.try_acquire()
+    pool.pressure()  # the engines report a queue: slow start is over
+    with pytest.raises(Unavailable) as refused:
+        await pool.acquire(t, 1)
+    assert refused.value.retry_after is not None and refused.value.retry_after >= 1
+    assert len(pool.queue) == 0 and pool.in_flight == 4
     assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1
 
 

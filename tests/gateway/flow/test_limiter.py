@@ -32,23 +32,53 @@ def test_grows_with_the_headroom_while_the_limit_binds(clock: FakeClock) -> None
     assert lim.limit == 20  # ceiling
 
 
-def test_slow_start_doubles_per_window_until_the_first_decrease(clock: FakeClock) -> None:
-    lim = AimdLimiter(initial=32, floor=2, ceiling=1024, target_s=3.0, clock=clock)
-    # Engines answer at 0.1 s against a 3 s target: every sample of a full window adds a slot.
-    for window in range(4):
-        for _ in range(lim.limit):
+def test_slow_start_doubles_per_round_trip_until_the_first_decrease(clock: FakeClock) -> None:
+    lim = AimdLimiter(initial=32, floor=2, ceiling=4096, target_s=3.0, clock=clock)
+    # Streams keep their slots after the first token: each round trip only the requests sent in
+    # the last one answer, and each adds two slots, so what is sent doubles every round trip.
+    sent = 32
+    for _ in range(4):
+        before = lim.limit
+        for _ in range(sent):
             lim.on_sample(0.1, clock(), in_flight=lim.limit)
-        assert lim.limit == 32 * 2 ** (window + 1)
-    # Near the target it is additive again (no whole slot per sample).
-    lim.on_sample(2.0, clock(), in_flight=lim.limit)
-    assert lim.limit == 512
+        assert lim.limit - before == 2 * sent
+        sent = lim.limit - before
+    assert lim.limit == 32 + 64 + 128 + 256 + 512
     # The first miss ends slow start for good: far-below-target samples then grow additively.
     clock.advance(1)
-    lim.on_sample(6.0, clock(), in_flight=512)
-    assert lim.limit == 256
+    lim.on_sample(6.0, clock(), in_flight=lim.limit)
+    assert lim.limit == 496
     for _ in range(10):
-        lim.on_sample(0.1, clock(), in_flight=256)
-    assert lim.limit == 258  # +0.24 per sample, not +10
+        lim.on_sample(0.1, clock(), in_flight=496)
+    assert lim.limit == 498  # +0.24 per sample, not +20
+
+
+def test_whole_answers_add_one_slot_each_in_slow_start(clock: FakeClock) -> None:
+    # A whole answer frees its own slot as it ends: one more doubles the limit per round trip.
+    lim = AimdLimiter(initial=8, floor=2, ceiling=1024, target_s=3.0, clock=clock)
+    for _ in range(8):
+        lim.on_whole_sample(1.0, 100, clock(), in_flight=8)  # always the best: no latency
+    assert lim.limit == 16 and lim.slow_start
+
+
+def test_slow_start_ends_at_half_the_target_cut_by_the_gradient(clock: FakeClock) -> None:
+    lim = AimdLimiter(initial=40, floor=2, ceiling=1024, target_s=0.3, clock=clock)
+    assert lim.first_token_s == 0.0  # nothing known yet
+    for _ in range(4):
+        lim.on_sample(0.05, clock(), in_flight=40)
+    assert (lim.limit, lim.first_token_s, lim.slow_start) == (48, 0.05, True)
+    # 0.16 s, over half the target: the engines queue. 2 x 0.05 / 0.16 of the limit is left.
+    lim.on_sample(0.16, clock(), in_flight=48)
+    assert not lim.slow_start and lim.limit == 30
+    assert lim.first_token_s == 0.0  # only slow start counts on it
+    # A miss of the target itself may still cut at once: that was no cut of a round trip.
+    lim.on_sample(0.45, clock(), in_flight=30)
+    assert lim.limit == 20
+    # The cut never takes more than half, whatever the ratio.
+    steep = AimdLimiter(initial=40, floor=2, ceiling=1024, target_s=0.3, clock=clock)
+    steep.on_sample(0.01, clock(), in_flight=40)
+    steep.on_sample(0.2, clock(), in_flight=40)
+    assert steep.limit == 21
 
 
 def test_idle_pool_decays_toward_its_start_and_slow_starts_again(clock: FakeClock) -> None:
@@ -68,7 +98,8 @@ def test_idle_pool_decays_toward_its_start_and_slow_starts_again(clock: FakeCloc
     before = lim.limit
     for _ in range(before):
         lim.on_sample(0.1, clock(), in_flight=lim.limit)
-    assert lim.limit == 2 * before  # slow start again
+    assert lim.limit == 3 * before  # slow start again: two slots per first token
+    assert lim.first_token_s == 0.1
     low = AimdLimiter(initial=32, floor=2, ceiling=1024, target_s=3.0, clock=clock)
     low.on_pressure()
     low.on_idle(1000.0)
@@ -137,7 +168,7 @@ def test_streamed_and_whole_answers_share_one_limit(clock: FakeClock) -> None:
     lim = make(clock)
     lim.on_whole_sample(0.02 * 11, 10, clock(), in_flight=10)
     lim.on_sample(0.1, clock(), in_flight=10)
-    assert lim.limit == 12  # one slot from each class (slow start)
+    assert lim.limit == 13  # slow start: one slot from the whole answer, two from the stream
 
 
 def test_whole_answers_faster_than_an_engine_decodes_are_no_signal(clock: FakeClock) -> None:
@@ -155,37 +186,18 @@ def test_whole_answers_faster_than_an_engine_decodes_are_no_signal(clock: FakeCl
     assert lim.limit < before
 
 
-def test_growth_rate_is_slow_starts_pace_and_only_its(clock: FakeClock) -> None:
+def test_the_fastest_first_token_is_slow_starts_alone_and_forgotten_after_a_pause(
+    clock: FakeClock,
+) -> None:
     lim = AimdLimiter(initial=32, floor=2, ceiling=1024, target_s=3.0, clock=clock)
-    assert lim.growth_rate(32) == 0.0  # no sample yet: nothing known about the engines' pace
-    for _ in range(5):
-        lim.on_sample(0.1, clock(), in_flight=32)
-    # Each of the 32 in flight adds a slot when its first token comes, ~0.1 s from now.
-    assert lim.growth_rate(32) == pytest.approx(320.0)
-    # Samples near the target add no whole slot: no slow-start growth to count on.
-    lim.on_sample(2.0, clock(), in_flight=lim.limit)
-    assert lim.growth_rate(32) == 0.0
-    lim.on_sample(0.1, clock(), in_flight=lim.limit)
-    assert lim.growth_rate(32) > 0.0
-    # A pause forgets the pace: the next burst is judged as a cold start.
-    lim.on_idle(10_000.0)
-    assert lim.growth_rate(32) == 0.0
-    # Once slow start is over (a miss), growth is additive: nothing to count on either.
-    for _ in range(5):
-        lim.on_sample(0.1, clock(), in_flight=lim.limit)
-    clock.advance(1)
-    lim.on_sample(6.0, clock(), in_flight=lim.limit)
-    lim.on_sample(0.1, clock(), in_flight=lim.limit)
-    assert lim.growth_rate(lim.limit) == 0.0
-
-
-def test_growth_rate_of_whole_answers_runs_at_their_own_latency(clock: FakeClock) -> None:
-    lim = AimdLimiter(initial=32, floor=2, ceiling=1024, target_s=3.0, clock=clock)
-    for _ in range(3):
-        # 2 s for 100 tokens, always the best seen: no latency on the streamed scale, so slow
-        # start adds a slot per answer, and an answer comes back every 2 s per slot.
-        lim.on_whole_sample(2.0, 100, clock(), in_flight=lim.limit)
-    assert lim.growth_rate(30) == pytest.approx(15.0)
+    for latency in (0.3, 0.1, 0.2):
+        lim.on_sample(latency, clock(), in_flight=32)
+    assert lim.first_token_s == 0.1
+    lim.on_idle(10_000.0)  # the pace before a pause says little about the next burst
+    assert lim.first_token_s == 0.0 and lim.slow_start
+    lim.on_sample(0.2, clock(), in_flight=32)
+    lim.on_pressure()
+    assert lim.first_token_s == 0.0 and not lim.slow_start
 
 
 def test_a_new_ceiling_clamps_at_once_and_a_higher_one_lets_it_grow(clock: FakeClock) -> None:

@@ -1,0 +1,60 @@
+"""Flow control's two promises, held together on virtual time (tests/gateway/flow/simulation.py).
+
+1. Under overload, admitted requests meet the TTFT target: a cold gateway meets 180 closed-loop
+   users (about 2.3x what the engine serves) in front of one engine with 8 sequence slots (first
+   token 50 ms after a slot is taken, then 32 tokens 2 ms apart: ~70 streams/s), TTFT target
+   0.4 s, queue timeout 0.1 s.
+2. A cold gateway refuses nothing that healthy engines serve: open-loop arrivals at 250 and
+   400 req/s in front of engines with room for all (first token at 100 ms, 64 tokens 20 ms apart),
+   with the default settings.
+
+Each is one deterministic run of the real admission code on recorded arrivals (seeded), so the
+bounds below are exact for this code and this machine-independent: a change of the door's
+arithmetic that breaks either promise fails here, in about a second.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.settings import FlowSettings
+from tests.gateway.flow.simulation import Engine, Run, closed_loop, open_loop
+
+SLOTS_8 = Engine(slots=8, first_token_s=0.05, token_s=0.002, tokens=32)
+REAL_PACE = Engine(slots=0, first_token_s=0.1, token_s=0.02, tokens=64)
+OVERLOAD = FlowSettings(ttft_target_s=0.4, queue_timeout_s=0.1)
+
+
+@pytest.fixture(scope="module")
+def alone() -> dict[bool, Run]:
+    """The engine without the gateway, for each start: all users at once, or spread over 1 s."""
+    return {burst: closed_loop(SLOTS_8, None, users=180, think_s=1.0, duration_s=30, burst=burst)
+            for burst in (True, False)}
+
+
+@pytest.mark.parametrize("burst", [True, False], ids=["burst", "spread"])
+def test_admitted_ttft_stays_within_the_target_under_overload(
+    alone: dict[bool, Run], burst: bool
+) -> None:
+    gw = closed_loop(SLOTS_8, OVERLOAD, users=180, think_s=1.0, duration_s=30, burst=burst)
+    engine = alone[burst]
+    assert engine.ttft_p99() > 1.5  # it is an overload: the engine alone queues for seconds
+    assert gw.ttft_p99() <= 1.25 * OVERLOAD.ttft_target_s
+    assert gw.ttft_p99() <= 0.5 * engine.ttft_p99()
+    assert gw.goodput() >= 0.95 * engine.goodput()
+    refused = gw.refused
+    assert len(refused) > 1000
+    assert all(o.status == 503 and o.retry_after is not None and o.retry_after >= 1
+               for o in refused)
+    # Refusals are decided at the door: fewer than 1 in 100 waits for a queue deadline.
+    assert sum(o.answered_s > 0.05 for o in refused) < 0.01 * len(refused)
+
+
+@pytest.mark.parametrize("rate", [250, 400])
+def test_a_cold_gateway_refuses_nothing_healthy_engines_serve(rate: float) -> None:
+    for seed in (1, 2, 3):
+        run = open_loop(REAL_PACE, FlowSettings(), rate=rate, duration_s=4, seed=seed)
+        assert len(run.outcomes) > 3 * rate
+        assert run.refused == []
+        # Nor kept waiting: the door queues a cold burst one round trip at most.
+        assert run.ttft_p99() <= REAL_PACE.first_token_s + 0.05
