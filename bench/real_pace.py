@@ -19,6 +19,18 @@ its one core sustains with every request served and TTFT p99 within `--max-added
 upstream's own first-token time. The proxies still alternate at each step; a proxy drops out at
 its first failing step. The client and the upstream share CPU 1, whose busy share is printed per
 step: near 1.0 the load generator, not the proxy, is the limit, and the figure is a lower bound.
+
+`--overload USERS` measures flow control's promise under overload instead: the upstream serves
+`--max-num-seqs` streams at once (an engine's batch; the rest wait for a slot, first token
+included), and USERS closed-loop clients each send their next request `--think-s` (exponential,
+that mean) after their last one was answered or refused, all starting at once against a cold
+proxy. Sides, alternating per round: `engine` (the upstream alone) and the gateway(s), run with
+`--gateway-arg` flags. Per side: admitted TTFT p50/p99 (from each request's send), goodput
+(answers completed per second), refusals (status, Retry-After present, time to answer p99).
+
+    python -m bench.real_pace --overload 180 --max-num-seqs 8 --tokens 32 --gap-ms 2 \
+        --ttft-ms 50 --duration 30 --rounds 2 --only gateway \
+        --gateway-arg=--flow.ttft-target-s=0.4 --gateway-arg=--flow.queue-timeout-s=0.1
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
+import shlex
 import shutil
 import statistics
 import sys
@@ -150,6 +164,7 @@ http {{
 def proxies(args: argparse.Namespace, upstream: int, tmp: Path) -> dict[str, str]:
     gw = (f"{sys.executable} -m gateway --host 127.0.0.1 --port {{port}} "
           f"--backend http://127.0.0.1:{upstream} --log-level warning")
+    gw += "".join(f" {shlex.quote(a)}" for a in args.gateway_arg)
     out = {"gateway": gw, "gateway-no-flow": gw + " --no-flow.enabled"}
     for extra in args.gateway_from:
         # Another checkout's gateway, e.g. before a change. Run from its directory: `python -m`
@@ -251,6 +266,124 @@ def headroom(args: argparse.Namespace, targets: dict[str, str], up: int, tmp: Pa
         print(f"| {name} | {shown} |")
 
 
+@dataclass
+class Overload:
+    """One side's closed-loop overload round."""
+
+    ttft: list[float] = field(default_factory=list)  # admitted: send -> first token
+    refusals: list[float] = field(default_factory=list)  # refused: send -> status line
+    statuses: dict[int, int] = field(default_factory=dict)
+    no_retry_after: int = 0  # refusals without a Retry-After header
+    done: int = 0  # answers completed within the round
+    errors: int = 0
+    duration_s: float = 0.0
+
+
+async def _user(port: int, raw: bytes, think_s: float, end: float, rng: random.Random,
+                out: Overload) -> None:
+    await asyncio.sleep(0)
+    conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        try:
+            if conn is None:
+                conn = await asyncio.open_connection("127.0.0.1", port)
+            r, w = conn
+            w.write(raw)
+            head = await r.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            out.statuses[status] = out.statuses.get(status, 0) + 1
+            lower = head.lower()
+            if status != 200:
+                out.refusals.append(time.perf_counter() - t0)
+                out.no_retry_after += b"\r\nretry-after:" not in lower
+                n = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
+                await r.readexactly(n)
+            else:
+                buf, seen = b"", False
+                while True:
+                    if not seen and b"tok" in buf:
+                        seen = True
+                        out.ttft.append(time.perf_counter() - t0)
+                    if buf.endswith(b"0\r\n\r\n"):
+                        break
+                    data = await r.read(65536)
+                    if not data:
+                        raise ConnectionError("closed mid-stream")
+                    buf = buf[-16:] + data
+                out.done += time.perf_counter() <= end
+        except (ConnectionError, OSError, ValueError, IndexError, asyncio.IncompleteReadError):
+            out.errors += 1
+            if conn is not None:
+                conn[1].close()
+            conn = None
+        await asyncio.sleep(rng.expovariate(1.0 / think_s))
+    if conn is not None:
+        conn[1].close()
+
+
+async def closed_loop(port: int, users: int, think_s: float, duration: float, tokens: int,
+                      seed: int) -> Overload:
+    out = Overload(duration_s=duration)
+    raw = build_request(f"http://127.0.0.1:{port}", "demo", tokens)
+    end = time.perf_counter() + duration
+    rng = random.Random(seed)
+    await asyncio.gather(*(_user(port, raw, think_s, end, random.Random(rng.random()), out)
+                           for _ in range(users)))
+    return out
+
+
+def overload(args: argparse.Namespace, targets: dict[str, str], up: int, tmp: Path) -> None:
+    """Closed-loop overload, the engine alone against each proxy, cold, alternating rounds."""
+    sides = {"engine": "", **targets}
+    rows: dict[str, list[Overload]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            proc = None
+            port = up
+            if name != "engine":
+                port = free_port()
+                proc = start(sides[name].format(port=port, prom=free_port()), "0")
+            try:
+                if proc is not None:
+                    wait_ok(f"http://127.0.0.1:{port}/health", 60)
+                    wait_ok(f"http://127.0.0.1:{port}/ready", 30)
+                res = asyncio.run(closed_loop(port, args.overload, args.think_s, args.duration,
+                                              args.tokens, seed=r))
+            finally:
+                if proc is not None:
+                    stop_all([proc])
+            rows[name].append(res)
+            print(f"round {r + 1} {name:10s} " + overload_line(res), flush=True)
+            time.sleep(1.0)  # let the engine's backlog drain before the next side
+    print(f"\n{args.overload} users thinking {args.think_s:g} s, {args.max_num_seqs} sequence "
+          f"slots, {args.tokens} tokens {args.gap_ms:g} ms apart after {args.ttft_ms:g} ms, "
+          f"{args.duration:g} s per side, {args.rounds} rounds")
+    print("| side | admitted TTFT p50 (ms) | TTFT p99 (ms) | goodput (req/s) | refused | "
+          "without Retry-After | refusal p99 (ms) | errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, rs in rows.items():
+        for res in rs:
+            print(f"| {name} | {pct(res.ttft, .5) * 1e3:.0f} | {pct(res.ttft, .99) * 1e3:.0f} | "
+                  f"{res.done / res.duration_s:.1f} | {len(res.refusals)} | {res.no_retry_after} |"
+                  f" {pct(res.refusals, .99) * 1e3:.0f} | {res.errors} |")
+    for name in names[1:]:
+        ratios = [(pct(a.ttft, .99) / pct(e.ttft, .99), a.done / max(e.done, 1))
+                  for a, e in zip(rows[name], rows["engine"], strict=True)]
+        print(f"{name}/engine by round: TTFT p99 "
+              + " ".join(f"{t:.2f}" for t, _ in ratios) + ", goodput "
+              + " ".join(f"{g:.2f}" for _, g in ratios))
+
+
+def overload_line(res: Overload) -> str:
+    return (f"TTFT p50 {pct(res.ttft, .5) * 1e3:6.0f} ms p99 {pct(res.ttft, .99) * 1e3:6.0f} ms"
+            f"  goodput {res.done / res.duration_s:6.1f}/s  statuses "
+            f"{dict(sorted(res.statuses.items()))}  refusal p99 "
+            f"{pct(res.refusals, .99) * 1e3:5.0f} ms  no Retry-After {res.no_retry_after}  "
+            f"errors {res.errors}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.real_pace", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -277,6 +410,16 @@ def main() -> int:
                    help="--headroom: the rates to step through, comma-separated")
     p.add_argument("--max-added-ms", type=float, default=50.0,
                    help="--headroom: the TTFT p99 allowed above the upstream's --ttft-ms")
+    p.add_argument("--overload", type=int, default=0, metavar="USERS",
+                   help="closed-loop overload of USERS users instead of the open loop "
+                        "(default 0: off)")
+    p.add_argument("--think-s", type=float, default=1.0,
+                   help="--overload: each user's mean pause after an answer or a refusal")
+    p.add_argument("--max-num-seqs", type=int, default=0,
+                   help="streams the upstream serves at once; the rest wait for a slot "
+                        "(default 0: no limit)")
+    p.add_argument("--gateway-arg", action="append", default=[],
+                   help="extra flag for the gateways, e.g. --gateway-arg=--flow.ttft-target-s=0.4")
     args = p.parse_args()
     if (os.cpu_count() or 1) < 2:
         p.exit(2, "needs 2 CPUs: the proxy is pinned to CPU 0, upstream and client to CPU 1\n")
@@ -289,7 +432,8 @@ def main() -> int:
     upstream = start(f"{sys.executable} -m bench.fake_upstream --port {up} --tokens "
                      f"{args.tokens} --token-delay-s {args.gap_ms / 1e3} "
                      f"--first-token-delay-s {args.ttft_ms / 1e3} "
-                     f"--tail-delay-s {args.tail_ms / 1e3}", "1")
+                     f"--tail-delay-s {args.tail_ms / 1e3} "
+                     f"--max-num-seqs {args.max_num_seqs}", "1")
     try:
         wait_ok(f"http://127.0.0.1:{up}/health")
         targets = proxies(args, up, tmp)
@@ -297,6 +441,9 @@ def main() -> int:
             targets = {k: v for k, v in targets.items() if k in args.only}
         if args.headroom:
             headroom(args, targets, up, tmp)
+            return 0
+        if args.overload:
+            overload(args, targets, up, tmp)
             return 0
         rows: dict[str, list[Round]] = {name: [] for name in targets}
         names = list(targets)
