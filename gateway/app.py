@@ -17,7 +17,8 @@ from gateway.api.deps import ProxyDeps
 from gateway.api.inflight import InFlight
 from gateway.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.api.openapi import openapi_schema
-from gateway.api.proxy import ProxyEndpoint, make_upstream_call
+from gateway.api.proxy import ProxyEndpoint
+from gateway.api.replicas import make_upstream_call
 from gateway.api.routes import build_routes
 from gateway.errors import MethodNotAllowed, install_handlers, send_error
 from gateway.flow.admission import Admission

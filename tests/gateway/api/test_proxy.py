@@ -14,7 +14,7 @@ import pytest
 
 import worker.drain as worker_drain
 from bench.fake_upstream import start_in_thread
-from gateway.api.proxy import DRAINING_CODE
+from gateway.api.replicas import DRAINING_CODE
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}

@@ -1,0 +1,114 @@
+"""One admitted request on its way to a replica: through the batcher, or to replicas in turn.
+
+A failed attempt is retried on another replica only while nothing has reached the client: the
+streamed relay holds the response head back until the first upstream event for that reason.
+"""
+
+from __future__ import annotations
+
+import orjson
+from starlette.types import Scope, Send
+
+from gateway.api.accounting import log_failure
+from gateway.api.deps import ProxyDeps
+from gateway.api.inflight import Exchange
+from gateway.api.replicas import book_failure, check_answer, next_replica, no_replica, route_request
+from gateway.api.schemas import Kind, ParsedRequest
+from gateway.api.stream import relay_stream
+from gateway.api.whole import answer_batched, relay_whole, send_json
+from gateway.errors import GatewayError, normalize_upstream_error, send_error
+from gateway.flow.admission import Pool
+from gateway.flow.batcher import batch_key
+from gateway.flow.tenants import Tenant
+from gateway.routing.backend import Backend
+
+
+class Forwarder:
+    """Forwards requests of one endpoint (`path`, `kind`) to the replicas."""
+
+    def __init__(self, deps: ProxyDeps, path: str, kind: Kind) -> None:
+        self._d = deps
+        self._path = path
+        self._kind = kind
+        self._session_header = deps.settings.affinity.session_header.lower().encode("latin-1")
+
+    async def forward(
+        self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, ex: Exchange,
+        pool: Pool | None, tenant: Tenant | None,
+    ) -> None:
+        d = self._d
+        model = req.model
+        if req.stream and not req.client_wants_usage:
+            # Ask for usage on our own account (token metrics); SseRelay strips it again.
+            req.body["stream_options"] = {**(req.body.get("stream_options") or {}),
+                                          "include_usage": True}
+            raw = orjson.dumps(req.body)
+        headers = {"content-type": "application/json"}
+        rid = scope.get("state", {}).get("request_id")
+        if rid:
+            headers["x-request-id"] = rid
+        # Made-up model names skip the batcher (they end in 404 or 503 below): its metrics and
+        # its queues are per model, and a client must not mint those.
+        if (d.batcher is not None and self._kind == "completion" and not req.stream
+                and d.router.knows_model(model)):
+            key = batch_key(req.body)
+            if key is not None:
+                await answer_batched(d, d.batcher, req, key, send, ex, tenant)
+                return
+
+        route = (route_request(req, scope, self._session_header)
+                 if d.router.wants_affinity(model) else None)
+        tried: list[Backend] = []
+        last_error: GatewayError | None = None
+        for _ in range(d.settings.retries + 1):
+            backend = next_replica(d, model, tried, route)
+            if backend is None:
+                break
+            try:
+                await self._attempt(backend, req, raw, headers, send, ex, pool, tenant)
+            except GatewayError as exc:
+                # Nothing reached the client yet: safe to try another replica.
+                last_error = book_failure(d, model, backend, exc)
+            else:
+                return
+            finally:
+                backend.release()
+
+        if last_error is None:
+            last_error = no_replica(d, model)
+            # A made-up model name must not mint a metric series per request.
+            label = model if d.router.knows_model(model) else "unknown"
+            d.metrics.requests.labels(label, "", str(last_error.status)).inc()
+        else:
+            log_failure(ex, last_error)
+        await send_error(send, last_error)
+
+    async def _attempt(
+        self, backend: Backend, req: ParsedRequest, raw: bytes, headers: dict[str, str],
+        send: Send, ex: Exchange, pool: Pool | None, tenant: Tenant | None,
+    ) -> None:
+        """One try on one replica: it answers the client, or raises GatewayError while the client
+        has seen nothing (the caller may then retry elsewhere)."""
+        d = self._d
+        dispatched = d.flow.clock() if pool is not None and d.flow is not None else 0.0
+        resp = await d.transport.post(
+            backend.url + self._path, raw, headers, streaming=req.stream
+        )
+        try:
+            if resp.status != 200:
+                body = await resp.read()
+                resp.release()
+                check_answer(d, backend, resp.status, body)
+                d.router.report_success(backend)
+                await send_json(send, resp.status,
+                                normalize_upstream_error(resp.status, body, ex.rid))
+                d.metrics.requests.labels(req.model, backend.url, str(resp.status)).inc()
+                return
+            if req.stream:
+                await relay_stream(d, backend, req, resp, send, ex, pool, tenant, dispatched)
+            else:
+                await relay_whole(d, backend, req, resp, send, ex.started, tenant, pool,
+                                  dispatched)
+        except BaseException:
+            resp.close()
+            raise

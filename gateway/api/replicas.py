@@ -1,0 +1,128 @@
+"""Which replica answers a request, and what its answer says about it.
+
+Shared by the proxy's attempts (api/forward.py) and the batcher's upstream call: the next replica
+with retries drawn from the retry budget, the affinity key, passive health (a 5xx fails the
+replica, a `draining` 503 takes it out at once, a 4xx is the caller's), and the error for a model
+no replica serves.
+"""
+
+from __future__ import annotations
+
+import orjson
+from starlette.types import Scope
+
+from gateway.api.deps import ProxyDeps
+from gateway.api.schemas import ParsedRequest
+from gateway.errors import GatewayError, ModelNotFound, Unavailable, UpstreamFailed
+from gateway.flow.batcher import UpstreamCall
+from gateway.routing.backend import Backend
+from gateway.routing.policy import RouteRequest
+
+# The error code of a worker that drains for a restart (worker/drain.py says the same).
+DRAINING_CODE = "draining"
+
+
+def route_request(req: ParsedRequest, scope: Scope, session_header: bytes) -> RouteRequest:
+    """What an affinity policy routes by: an explicit session key (header, else the OpenAI `user`
+    field) and the prompt's bytes from its start, in a form where turn N+1 extends turn N."""
+    for name, value in scope["headers"]:
+        if name == session_header:
+            return RouteRequest(req.model, value.decode("latin-1"))
+    user = req.body.get("user")
+    if isinstance(user, str) and user:
+        return RouteRequest(req.model, user)
+    if req.kind == "chat":
+        prefix = orjson.dumps(req.body["messages"])
+    else:
+        prompt = req.body["prompt"]
+        prefix = prompt.encode() if isinstance(prompt, str) else orjson.dumps(prompt)
+    return RouteRequest(req.model, None, prefix)
+
+
+def next_replica(
+    d: ProxyDeps, model: str, tried: list[Backend], route: RouteRequest | None = None
+) -> Backend | None:
+    """The next replica for `model` that is not in `tried`, acquired (the caller releases it);
+    every pick after the first is a retry, taken from the retry budget (None when spent)."""
+    budget = d.router.retry_budget
+    if not tried:
+        budget.request()
+    backend = d.router.pick(model, tried, route)
+    if backend is not None:
+        if tried:
+            if not budget.try_retry():
+                d.metrics.retries_refused.labels(model).inc()
+                return None
+            d.metrics.retries.labels(model).inc()
+        tried.append(backend)
+        backend.acquire()
+    return backend
+
+
+def check_answer(d: ProxyDeps, backend: Backend, status: int, body: bytes) -> None:
+    """Judge a replica by an answer that is not a 200: a 5xx is its failure (raised: retry
+    elsewhere, count towards ejection); a 503 saying it drains takes it out of rotation now, not
+    at the next probe; a 4xx is the caller's problem (no retry, no ejection)."""
+    if status == 503:
+        try:
+            code = orjson.loads(body)["error"]["code"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            code = None
+        if code == DRAINING_CODE:
+            d.router.report_draining(backend)
+    if status >= 500:
+        raise UpstreamFailed(
+            f"replica answered HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
+        )
+
+
+def book_failure(d: ProxyDeps, model: str, backend: Backend, exc: GatewayError) -> GatewayError:
+    """Book a failed attempt on `backend` (passive health, metrics); returns `exc`."""
+    d.router.report_failure(backend)
+    d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
+    return exc
+
+
+def no_replica(d: ProxyDeps, model: str) -> GatewayError:
+    """The error when no replica could be tried: the model is served nowhere (404), or none of
+    its replicas is healthy now (503)."""
+    if d.router.knows_any_model() and not d.router.knows_model(model):
+        return ModelNotFound(
+            f"The model '{model}' does not exist or is not served here", param="model"
+        )
+    return Unavailable(
+        f"no healthy replica for model '{model}'", retry_after=d.settings.health_interval_s
+    )
+
+
+def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
+    """A whole-body POST with the proxy's replica choice and retries, for the batcher: nothing
+    reaches a client here, so every failure may be retried on another replica."""
+
+    async def call(model: str, body: bytes) -> tuple[int, bytes, str]:
+        d = deps
+        tried: list[Backend] = []
+        last_error: GatewayError | None = None
+        headers = {"content-type": "application/json"}
+        for _ in range(d.settings.retries + 1):
+            backend = next_replica(d, model, tried)
+            if backend is None:
+                break
+            try:
+                resp = await d.transport.post(backend.url + path, body, headers, streaming=False)
+                try:
+                    raw = await resp.read()
+                except BaseException:
+                    resp.close()
+                    raise
+                resp.release()
+                check_answer(d, backend, resp.status, raw)
+                d.router.report_success(backend)
+                return resp.status, raw, backend.url
+            except GatewayError as exc:
+                last_error = book_failure(d, model, backend, exc)
+            finally:
+                backend.release()
+        raise last_error or no_replica(d, model)
+
+    return call

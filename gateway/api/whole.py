@@ -1,0 +1,83 @@
+"""Whole (non-streamed) answers: from a replica, or from the batcher, as one JSON body.
+
+A whole answer has no first token to time: E2E is observed, never TTFT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from starlette.types import Send
+
+from gateway.api.accounting import count_usage, log_failure
+from gateway.api.deps import ProxyDeps
+from gateway.api.inflight import Exchange
+from gateway.api.schemas import ParsedRequest
+from gateway.errors import GatewayError, normalize_upstream_error, send_error
+from gateway.flow.admission import Pool
+from gateway.flow.batcher import Batcher
+from gateway.flow.tenants import Tenant
+from gateway.routing.backend import Backend
+from gateway.transport.base import UpstreamResponse
+from gateway.usage import usage_counts
+
+
+async def send_json(send: Send, status: int, body: bytes) -> None:
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+async def relay_whole(
+    d: ProxyDeps, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
+    started: float, tenant: Tenant | None, pool: Pool | None, dispatched: float,
+) -> None:
+    """Relay a replica's whole 200 answer, and count its tokens."""
+    body = await resp.read()
+    resp.release()
+    done = d.flow.clock() if pool is not None and d.flow is not None else 0.0
+    d.router.report_success(backend)
+    await send_json(send, 200, body)
+    m = d.metrics
+    series = m.series(req.model)
+    series.e2e.observe(asyncio.get_running_loop().time() - started)
+    series.request(backend.url, "200")
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        obj = None
+    counts = usage_counts(obj.get("usage")) if isinstance(obj, dict) else None
+    count_usage(m, req.model, tenant, counts)
+    if pool is not None and counts is not None:
+        # The other request class: the whole latency, judged per generated token.
+        pool.sample_whole(done - dispatched, counts[1], dispatched)
+
+
+async def answer_batched(
+    d: ProxyDeps, batcher: Batcher, req: ParsedRequest, key: bytes, send: Send, ex: Exchange,
+    tenant: Tenant | None,
+) -> None:
+    """Answer a completion through the batcher, which sends it upstream with others like it."""
+    try:
+        result = await batcher.submit(req.model, req.body, key)
+    except GatewayError as exc:
+        d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
+        log_failure(ex, exc)
+        await send_error(send, exc)
+        return
+    body = result.body
+    if result.status != 200:
+        body = normalize_upstream_error(result.status, body, ex.rid)
+    await send_json(send, result.status, body)
+    m = d.metrics
+    # Once per client request, not per upstream call: a batch of N answers N requests.
+    m.requests.labels(req.model, result.backend, str(result.status)).inc()
+    if result.status == 200:
+        m.e2e.labels(req.model).observe(asyncio.get_running_loop().time() - ex.started)
+        count_usage(m, req.model, tenant, (result.prompt_tokens, result.completion_tokens)
+                    if result.usage_known else None)
