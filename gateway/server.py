@@ -27,7 +27,7 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
-from gateway import sockio, speedups
+from gateway import sockio
 from gateway.app import GatewayState, build_app
 from gateway.edge import Edge, EdgeProtocol, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
@@ -132,10 +132,6 @@ def run(settings: GatewaySettings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    if not speedups.COMPILED:
-        # Correct, but each streamed event then runs Python (gateway/speedups.py says why).
-        log.warning("the relay's C extension is not in use (built: %s); running its Python twins",
-                    speedups.BUILT)
     app = build_app(settings)
     # After the app is built: a setting that fails there (a bad keys file) is the one line said.
     sockio.report(settings.sockio)

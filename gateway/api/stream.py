@@ -7,8 +7,7 @@ Rules it keeps (with the proxy's):
 - the chunk carrying [DONE] completes the response at once;
 - TTFT, ITL, TPOT, E2E and token counts are observed once per stream, never per event.
 
-Where the server offers a direct writer (the edge protocol), the events after the head go through
-the fast lane of api/splice.py; otherwise each chunk is pulled and sent through ASGI.
+Each event after the first goes through api/splice.py's `Splice`, from the upstream read callback.
 """
 
 from __future__ import annotations
@@ -44,74 +43,38 @@ async def relay_stream(
     started = ex.started
     loop = asyncio.get_running_loop()
     relay = SseRelay(strip_usage=not req.client_wants_usage)
-    # Hold the head until the first real bytes: until then a failure may still be retried.
-    first = b""
-    while not first:
-        chunk = await resp.readany()
-        if not chunk:
-            raise UpstreamFailed("replica closed the stream before its first event")
-        first = relay.feed(chunk)
+    splice = Splice(relay, started, loop.time)
+    # Hold the head until the first event: until then a failure may still be retried.
+    await resp.push(splice)
+    if not (splice.held or splice.final):
+        raise UpstreamFailed("replica closed the stream before its first event")
     d.router.report_success(backend)
-    ttft = loop.time() - started
     if pool is not None and d.flow is not None:
         # The engine's own TTFT (dispatch -> first event): what the adaptive limit steers.
         pool.sample(d.flow.clock() - dispatched, dispatched)
-    writer = ex.writer
-    fast = writer is not None and not relay.saw_done and writer.can_start()
-    if fast:
-        # The fast lane (api/splice.py): the head and the first events leave in one write, the
-        # rest from the upstream read callback. The head skips the middleware's `send`
-        # wrapper, so the request id header is added here, as RequestIdMiddleware would.
-        assert writer is not None
-        headers = (SSE_HEADERS if ex.rid == "-"
-                   else [*SSE_HEADERS, (b"x-request-id", ex.rid.encode("latin-1"))])
-        blocked = not writer.start(200, headers, first)
-    else:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     ex.head_sent = True
+    writer = ex.writer
+    if writer is not None:
+        splice.write_directly(writer)
 
     # The chunk that carries [DONE] ends the response (more_body=False) at once: a client
     # that hangs up right after [DONE] must count as served, not as a disconnect.
     complete = False
     status = "200"
-    readany = resp.readany
-    feed = relay.feed
-    # ITL: one gap per event after the first, stamped when its chunk arrived; events that
-    # arrive together get 0. Observed once at the end, never per event (observe_many).
-    now = loop.time
-    gaps: list[float] = [0.0] * (first.count(b"\n\n") - 1)
-    last = started + ttft
     try:
-        out = first
-        if fast:
-            assert writer is not None
-            splice = Splice(relay, writer, gaps, last, now)
-            while True:
-                if blocked:
-                    await writer.flow.drain()
-                splice.blocked = False
-                await resp.push(splice)
-                if relay.saw_done:
-                    out = splice.final
-                    break
-                if not splice.blocked:
-                    raise UpstreamFailed("replica ended the stream without [DONE]")
-                blocked = True
         while not relay.saw_done:
-            await send({"type": "http.response.body", "body": out, "more_body": True})
-            out = b""
-            while not out:
-                chunk = await readany()
-                if not chunk:
-                    raise UpstreamFailed("replica ended the stream without [DONE]")
-                out = feed(chunk)
-            t = now()
-            gaps.append(t - last)
-            last = t
-            extra = out.count(b"\n\n") - 1  # a C scan of a short chunk
-            if extra > 0:
-                gaps += [0.0] * extra
-        await send({"type": "http.response.body", "body": out + relay.flush(),
+            if splice.held:  # the first events, or any when the server offers no writer
+                out, splice.held = splice.held, b""
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            elif splice.blocked:
+                assert writer is not None
+                splice.blocked = False
+                await writer.flow.drain()
+            await resp.push(splice)
+            if not (splice.held or splice.blocked or relay.saw_done):
+                raise UpstreamFailed("replica ended the stream without [DONE]")
+        await send({"type": "http.response.body", "body": splice.final + relay.flush(),
                     "more_body": False})
         complete = ex.responded = True
     except GatewayError as exc:
@@ -133,13 +96,15 @@ async def relay_stream(
         m = d.metrics
         series = m.series(req.model)
         e2e = loop.time() - started
+        ttft = splice.gaps[0]
         series.ttft.observe(ttft)
         series.e2e.observe(e2e)
+        # ITL: the gaps after the first event's. vllm bench serve counts no gap for [DONE] nor
+        # the usage-only event: both come last, so they are the last entries.
+        itl = splice.gaps[1:]
         if relay.saw_done:
-            # vllm bench serve counts no gap for [DONE] nor the usage-only event: both come
-            # last, so they are the last entries.
-            del gaps[max(0, len(gaps) - (2 if req.client_wants_usage else 1)):]
-        series.itl.observe_many(gaps)
+            del itl[max(0, len(itl) - (2 if req.client_wants_usage else 1)):]
+        series.itl.observe_many(itl)
         if relay.completion_tokens > 1:
             series.tpot.observe((e2e - ttft) / (relay.completion_tokens - 1))
         series.request(backend.url, status)
@@ -151,7 +116,7 @@ async def relay_stream(
         return  # ended in-band above; the upstream connection is closed
     # Read the chunked-encoding terminator so the connection goes back to the pool.
     try:
-        while await readany():
+        while await resp.readany():
             pass
     except GatewayError:
         resp.close()  # the answer is whole; only the connection is lost

@@ -61,7 +61,7 @@ class AiohttpResponse:
         return data
 
     async def push(self, sink: BodySink) -> None:
-        # aiohttp owns its read callback: a plain pull loop (no fast lane on this transport).
+        # aiohttp owns its read callback: a plain pull loop feeds the sink.
         while chunk := await self.readany():
             if not sink(chunk):
                 return

@@ -14,25 +14,6 @@ from typing import Protocol
 BodySink = Callable[[bytes], bool]
 
 
-class FrameSink(Protocol):
-    """A BodySink that may also take a read of a chunked body whole, before it is parsed.
-
-    At a real decode pace each upstream read is exactly one chunk frame (`<hex>\\r\\n<one SSE
-    event>\\r\\n`). A sink that writes chunked framing itself can forward such a frame
-    unchanged, which spares the parse, a callback and a re-framing per event. The transport
-    offers a read only while its parser stands between two chunks, so a frame the sink takes
-    leaves the parser where it was.
-    """
-
-    def __call__(self, chunk: bytes) -> bool: ...
-
-    def frame(self, data: bytes, now: float) -> bool | None:
-        """None: not one whole frame this sink takes (the transport parses it and calls the
-        sink with its body). Otherwise the frame was consumed, and the result is as `__call__`'s.
-        `now` is the read's time (the transport's clock, read once per event)."""
-        ...
-
-
 class UpstreamResponse(Protocol):
     status: int
 
@@ -47,7 +28,7 @@ class UpstreamResponse(Protocol):
     async def push(self, sink: BodySink) -> None:
         """Feed body chunks to `sink` as they arrive, until it returns False or the body ends.
 
-        The streamed relay's fast lane: a transport that owns its read callback calls `sink` from
+        How the streamed relay reads: a transport that owns its read callback calls `sink` from
         it, so an SSE event costs no future, task wake-up or `readany` round trip. Returns when
         `sink` asked to stop or the body is complete (the caller tells which); raises like
         `readany` when the upstream fails or times out.

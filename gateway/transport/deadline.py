@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
 
 from gateway.settings import Timeouts
-
-
-class _Reads(Protocol):
-    """What a Deadline follows: the loop time of the connection's last read taken whole."""
-
-    _last_read: float
 
 
 class Deadline:
     """One lazily re-armed timer covering first byte, inter-chunk idle and total time."""
 
-    __slots__ = ("_handle", "_loop", "_on_expire", "_source", "_start", "_t", "expired",
-                 "got_first", "last")
+    __slots__ = ("_handle", "_loop", "_on_expire", "_start", "_t", "expired", "got_first", "last")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, t: Timeouts, on_expire: Callable[[], None]
@@ -36,20 +28,11 @@ class Deadline:
         self.got_first = False
         self.expired: str | None = None
         self._on_expire = on_expire
-        self._source: _Reads | None = None
         self._handle: asyncio.TimerHandle | None = loop.call_at(self._wake_at(), self._check)
-
-    def follow(self, source: _Reads) -> None:
-        """Count `source._last_read` as a chunk's time too: the connection's C read path keeps it
-        in its own struct (gateway/_speedups.c) rather than touch this object per event."""
-        self._source = source
 
     def _next(self) -> float:
         t = self._t
-        last = self.last
-        if self._source is not None and self._source._last_read > last:
-            last = self._source._last_read
-        gap = last + t.idle_s if self.got_first else self._start + t.first_byte_s
+        gap = self.last + t.idle_s if self.got_first else self._start + t.first_byte_s
         return min(gap, self._start + t.total_s)
 
     def _wake_at(self) -> float:

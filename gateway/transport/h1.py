@@ -16,22 +16,20 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Mapping
-from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
 
 from gateway.errors import UpstreamFailed, UpstreamTimeout
 from gateway.settings import Timeouts
-from gateway.speedups import FrameEntry
-from gateway.transport.base import BodySink, FrameSink
+from gateway.transport.base import BodySink
 from gateway.transport.deadline import Deadline
 
 # Unread upstream bytes held per stream before we stop reading the socket (back-pressure).
 _HIGH_WATER = 256 * 1024
 
 
-class _Conn(FrameEntry, asyncio.Protocol):
+class _Conn(asyncio.Protocol):
     """One upstream connection; carries one request at a time."""
 
     def __init__(self, pool: _Pool) -> None:
@@ -51,14 +49,9 @@ class _Conn(FrameEntry, asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self.got_bytes = False
         self.deadline: Deadline | None = None
-        self._last_read = 0.0  # FrameEntry's: the last read taken whole (the deadline follows it)
         # Push mode (`push`): each read's body goes straight to this sink from data_received.
         self._sink: BodySink | None = None
         self._sink_stopped = False
-        # The sink's whole-frame entry (FrameSink.frame), offered each read while the parser
-        # stands between two chunks of a chunked body (`_between_chunks`, from its callbacks).
-        self._frame: FrameSink | None = None
-        self._between_chunks = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -71,17 +64,7 @@ class _Conn(FrameEntry, asyncio.Protocol):
             self._error = "connection closed by the replica"
         self._wake()
 
-    # data_received is FrameEntry's (gateway/speedups.py: C when built): a read that is one whole
-    # chunk frame goes to the armed sink's `frame` without running Python; any other read is
-    # parsed here.
-
-    def _frame_stopped(self) -> None:
-        # The sink took a whole frame and stopped being fed (the client's buffer is full).
-        self._sink = self._frame = None
-        self._sink_stopped = True
-        self._wake()
-
-    def _parse(self, data: bytes) -> None:
+    def data_received(self, data: bytes) -> None:
         self.got_bytes = True
         try:
             self._parser.feed_data(data)
@@ -99,7 +82,7 @@ class _Conn(FrameEntry, asyncio.Protocol):
             if d is not None:
                 d.last = self._time()
             if not sink(chunks[0] if len(chunks) == 1 else b"".join(chunks)):
-                self._sink = sink = self._frame = None
+                self._sink = sink = None
                 self._sink_stopped = True
         # In push mode the reader sleeps through the stream: wake it only when the sink stopped
         # (it is then unset) or the body ended or failed.
@@ -122,17 +105,8 @@ class _Conn(FrameEntry, asyncio.Protocol):
         self._chunks.append(body)
         self._buffered += len(body)
 
-    def on_chunk_header(self) -> None:
-        self._between_chunks = False
-
-    def on_chunk_complete(self) -> None:
-        # Called after the chunk's closing CRLF: the next byte starts a chunk-size line.
-        self._between_chunks = True
-
     def on_message_complete(self) -> None:
         self._complete = True
-        # Bytes after the body are not this response's: never offered to the sink as a frame.
-        self._between_chunks = False
 
     # -- used by the response --------------------------------------------------------------------
 
@@ -151,7 +125,6 @@ class _Conn(FrameEntry, asyncio.Protocol):
         self._complete = False
         self._error = None
         self.got_bytes = False
-        self._between_chunks = False
         self._parser = httptools.HttpResponseParser(self)
         self._head = self._loop.create_future()
         assert self.transport is not None
@@ -201,14 +174,13 @@ class _Conn(FrameEntry, asyncio.Protocol):
             if self._error is not None:
                 raise self.failure()
             self._sink = sink
-            self._frame = cast("FrameSink", sink) if hasattr(sink, "frame") else None
             self._sink_stopped = False
             self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-                self._sink = self._frame = None
+                self._sink = None
             if self._sink_stopped:
                 return
 
@@ -361,7 +333,6 @@ class H1Transport:
                     conn = await pool.connect(t.connect_s)
                 current[:] = [conn]
                 conn.deadline = deadline
-                deadline.follow(conn)
                 await conn.start(request)
                 if conn.status or conn.got_bytes or fresh:
                     break

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +31,7 @@ class ClientWriter:
         self.transport = self
         self.flow = self
         self.write_paused = False
+        self.closing = False
 
     @property
     def written(self) -> list[bytes]:
@@ -45,7 +44,7 @@ class ClientWriter:
         return out
 
     def is_closing(self) -> bool:
-        return False
+        return self.closing
 
     def write(self, frame: bytes) -> None:
         self.frames.append(frame)
@@ -150,24 +149,3 @@ def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.
             gw.wait()
         assert gw.stderr is not None
         gw.stderr.close()
-
-
-ROOT = Path(__file__).resolve().parents[2]
-# The relay's own tests: what runs again under another build of its hot path.
-RELAY_TESTS = ("tests/gateway/transport/test_h1.py", "tests/gateway/api/test_splice.py")
-
-
-def run_tests_with(env_extra: dict[str, str], probe: str, files: tuple[str, ...]) -> str:
-    """Run `files` in a fresh pytest with `env_extra` set, after checking that a Python in that
-    environment prints True for the `probe` expression (the variant really is in use). Fails with
-    pytest's tail on a failure; returns its output."""
-    env = {**os.environ, **env_extra}
-    seen = subprocess.run([sys.executable, "-c", f"print({probe})"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, check=True)
-    assert seen.stdout.strip() == "True", (probe, seen.stdout, seen.stderr[-1000:])
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *files],
-        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout
-    return run.stdout

@@ -1,6 +1,0 @@
-"""Types of gateway/_speedups.c: the same surface as its Python twins in gateway/speedups.py."""
-
-from gateway.speedups import PyFrameEntry, PyFrameSplice
-
-class FrameEntry(PyFrameEntry): ...
-class FrameSplice(PyFrameSplice): ...
