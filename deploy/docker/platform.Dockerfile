@@ -8,7 +8,7 @@ COPY pyproject.toml setup.py ./
 COPY gateway gateway
 COPY worker worker
 COPY model_store model_store
-# A C compiler for the gateway's extensions (gateway/_speedups.c, _sockio.c), built into the project's
+# A C compiler for the gateway's socket shim (gateway/_sockio.c), built into the project's
 # wheel here. Wheels for the project and every dependency, so the final stage needs no compiler.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
@@ -20,11 +20,11 @@ FROM python:3.11-slim-bookworm
 RUN groupadd --gid 10001 llmserve \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin llmserve
 COPY --from=build /wheels /wheels
-# The imports fail the build if an extension did not compile: the image would run the gateway's
-# Python twins, or its socket I/O through read/write: correct, but more CPU.
+# The check fails the build if the shim did not compile: the image would run the gateway's socket
+# I/O through read/write: correct, but more CPU.
 RUN pip install --no-cache-dir --no-index --find-links /wheels llmserve \
  && rm -rf /wheels \
- && python3 -c "import gateway._speedups; from gateway import sockio; assert sockio.shim_path()"
+ && python3 -c "from gateway import sockio; assert sockio.shim_path()"
 ENV PYTHONUNBUFFERED=1 HOME=/tmp
 USER 10001:10001
 EXPOSE 8000

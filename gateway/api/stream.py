@@ -7,7 +7,7 @@ Rules it keeps (with the proxy's):
 - the chunk carrying [DONE] completes the response at once;
 - TTFT, ITL, TPOT, E2E and token counts are observed once per stream, never per event.
 
-Each event after the first goes through api/splice.py's `Splice`, from the upstream read callback.
+Every event goes through api/splice.py's `Splice`, from the upstream read callback.
 """
 
 from __future__ import annotations
