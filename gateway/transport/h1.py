@@ -81,6 +81,7 @@ class _Conn(asyncio.Protocol):
             d = self.deadline
             if d is not None:
                 d.last = self._time()
+                d.got_first = True
             if not sink(chunks[0] if len(chunks) == 1 else b"".join(chunks)):
                 self._sink = sink = None
                 self._sink_stopped = True

@@ -221,6 +221,20 @@ async def test_push_times_out_on_an_idle_gap(server: str, transport) -> None:
     await t.close()
 
 
+async def test_push_from_before_the_first_byte_times_out_on_an_idle_gap(
+    server: str, transport
+) -> None:
+    # The relay pushes from the response head on, so the first event, too, arrives in push mode:
+    # from then on the idle deadline applies, not the (longer) first-byte one.
+    t = transport(idle_s=0.3, first_byte_s=5)
+    resp = await t.post(server + "/stream?gaps=0.2,0.1,1.5", b"{}", {}, streaming=True)
+    got: list[bytes] = []
+    with pytest.raises(UpstreamTimeout, match="no data for 0.3s"):
+        await resp.push(lambda chunk: got.append(chunk) is None)
+    assert len(got) == 2
+    await t.close()
+
+
 async def test_push_hands_over_one_read_as_one_chunk() -> None:
     # Three chunked-encoding chunks (SSE events) in one upstream write reach the sink as one
     # chunk: one downstream write per upstream read, as the pull path's readany joins them.
