@@ -53,9 +53,6 @@ class InFlight:
     def __init__(self) -> None:
         self._open: set[Exchange] = set()
 
-    def __len__(self) -> int:
-        return len(self._open)
-
     def add(self, ex: Exchange) -> None:
         self._open.add(ex)
 
