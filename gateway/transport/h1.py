@@ -32,6 +32,10 @@ _HIGH_WATER = 256 * 1024
 class _Conn(asyncio.Protocol):
     """One upstream connection; carries one request at a time."""
 
+    __slots__ = ("_buffered", "_chunks", "_complete", "_error", "_head", "_keep_alive", "_loop",
+                 "_parser", "_paused", "_pool", "_sink", "_sink_stopped", "_time", "_waiter",
+                 "deadline", "got_bytes", "status", "transport")
+
     def __init__(self, pool: _Pool) -> None:
         self._pool = pool
         self._loop = pool.loop
