@@ -95,7 +95,7 @@ def test_the_graph_is_read() -> None:
     assert "loadtest.metrics" in graph["loadtest.compare"]
     assert "loadtest.gateway_view" in graph["loadtest.compare"]
     assert "devstack.stack" in graph["bench.flow_engine"]
-    assert "gateway.flow.admission" in graph["gateway.api.proxy"]
+    assert "gateway.flow.admission" in graph["gateway.api.forward"]
 
 
 def test_a_cycle_through_a_lazy_relative_import_is_found(tmp_path: Path) -> None:
