@@ -13,11 +13,11 @@ For every layout considered, feasible or not: memory per GPU, KV-cache tokens, c
 sequences at `--max-model-len`, and a decode roofline. One stream: every step reads the weights
 (of a mixture of experts, only the experts its token is routed to); TP reads them from its GPUs
 at once, PP one stage after the other. Saturated: all sequences that fit, the lower of the
-bandwidth bound (weights once per step plus each sequence's KV cache) and the compute bound
-(2 FLOP per active parameter plus attention, at COMPUTE_EFFICIENCY of the GPU's dense bf16 peak);
-the table says which binds. Rooflines are upper bounds: measured decode falls short of them
-(the README's Qwen2.5-72B example on 2 x A100-80GB gives the measured figures beside the
-rooflines).
+bandwidth bound (weights once per step, per pipeline micro-batch, plus each sequence's KV
+cache) and the compute bound (2 FLOP per active parameter plus attention, at COMPUTE_EFFICIENCY
+of the GPU's dense bf16 peak); the table says which binds. Rooflines are upper bounds: measured
+decode falls short of them (the README's Qwen2.5-72B example on 2 x A100-80GB gives the measured
+figures beside the rooflines).
 
 `--helm-values` prints the best layout as a pool of the chart's `models:` list, with its served
 model name and a start-up probe sized from the weights each pod loads.
@@ -164,15 +164,20 @@ def plan(spec: ModelSpec, gpu: Gpu, gpus_per_node: int, nodes: int, *, dtype: st
 def saturated(spec: ModelSpec, gpu: Gpu, tp: int, pp: int, seqs: int, ctx: float,
               dtype: str | None) -> tuple[float, float]:
     """Decode tok/s of one replica with `seqs` sequences at `ctx` tokens of KV each:
-    (bandwidth bound, compute bound). PP stages work on different micro-batches at once, so
-    every GPU of the replica reads and computes in parallel; each TP rank reads its KV share
-    (all of it when the KV heads are replicated)."""
+    (bandwidth bound, compute bound).
+
+    Pipeline parallel runs min(PP, seqs) micro-batches of different sequences at once (vLLM
+    schedules one batch per stage), each through every stage: the weights are read once per
+    micro-batch, and the stages work in parallel only when each has one. Each TP rank reads
+    its share of the KV cache (all of it where the KV heads are replicated)."""
     if seqs < 1:
         return 0.0, 0.0
     bw, flops = gpu.bw_gbs * GB, gpu.tflops * 1e12 * COMPUTE_EFFICIENCY
-    kv_read = seqs * ctx * spec.kv_bytes_per_token(dtype, tp, 1) * tp
-    by_bw = seqs * tp * pp * bw / (spec.bytes_read_per_step(seqs, dtype) + kv_read)
-    return by_bw, tp * pp * flops / spec.flops_per_token(ctx)
+    batches = min(pp, seqs)
+    per_batch = seqs / batches
+    kv_read = per_batch * ctx * spec.kv_bytes_per_token(dtype, tp, 1) * tp
+    by_bw = seqs * tp * bw / (spec.bytes_read_per_step(math.ceil(per_batch), dtype) + kv_read)
+    return by_bw, batches * tp * flops / spec.flops_per_token(ctx)
 
 
 def rank(layouts: list[Layout], goal: str) -> list[Layout]:

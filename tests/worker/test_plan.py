@@ -117,6 +117,24 @@ def test_decode_reads_only_the_active_experts() -> None:
     assert mixtral.bytes_read_per_step(1) == pytest.approx(2 * 12.88e9, rel=0.002)
 
 
+def test_pipeline_stages_overlap_only_with_a_micro_batch_each() -> None:
+    """One sequence goes through PP=2's stages one after the other; with many, each stage has a
+    micro-batch, but each micro-batch reads the weights again."""
+    spec, gpu = read_spec(QWEN), GPUS["A100-80GB"]
+    one_tp2, one_pp2 = (saturated(spec, gpu, tp, pp, 1, 4096, None)[0]
+                        for tp, pp in ((2, 1), (1, 2)))
+    assert one_pp2 == pytest.approx(one_tp2 / 2, rel=0.01)
+    # 32 sequences: TP=2 reads 145 GB of weights and 32 x 1.3 GB of KV per step from two GPUs at
+    # once; PP=2 reads the weights for each of its two micro-batches of 16.
+    many_tp2, many_pp2 = (saturated(spec, gpu, tp, pp, 32, 4096, None)[0]
+                          for tp, pp in ((2, 1), (1, 2)))
+    weights, kv = spec.weights_bytes(), 4096 * spec.kv_bytes_per_token()
+    assert many_pp2 / many_tp2 == pytest.approx((weights + 32 * kv) / (2 * (weights + 16 * kv)))
+    by = layouts(QWEN)
+    assert by[(1, 2)].decode_tok_s_aggregate == pytest.approx(by[(1, 2)].decode_tok_s_single,
+                                                              rel=0.02)  # room for 1 sequence
+
+
 def test_single_stream_rooflines_on_one_h200() -> None:
     """The rooflines the issue's H200 measurements were taken against (218 and 212 tok/s
     measured: 69% and 71% of them)."""
