@@ -255,6 +255,8 @@ def helm_values(spec: ModelSpec, layout: Layout, args: argparse.Namespace) -> st
         (f"# Start-up probe: {probe['periodSeconds']} s x {probe['failureThreshold']} covers "
          f"loading the weights at {args.load_gbs:g} GB/s (--load-gbs) plus "
          f"{STARTUP_OVERHEAD_S} s of engine start-up."),
+        ("# A pool of the chart's `models:` list: helm install ... -f THIS_FILE "
+         "--set image.registry=REGISTRY"),
     ]
     body = yaml.safe_dump({"models": [pool]}, sort_keys=False)
     return "\n".join(head) + "\n" + body
