@@ -2,14 +2,25 @@
 
     python -m worker plan MODEL_DIR_OR_CONFIG --gpu A100-80GB --gpus-per-node 8 --nodes 2 \\
         [--dtype bfloat16] [--max-model-len N] [--gpu-memory-utilization 0.9] \\
-        [--goal latency|throughput|fewest-gpus] [--json | --helm-values]
+        [--tp N] [--pp N] [--goal latency|throughput|fewest-gpus] [--json | --helm-values]
 
-Tensor parallel stays inside a node, pipeline stages take whole TP groups, data-parallel replicas
-take the rest. For every layout considered, feasible or not: memory per GPU, KV-cache tokens,
-concurrent sequences at `--max-model-len`, and a memory-bandwidth roofline for decode (every
-decode step reads all the weights: TP reads them from its GPUs at once, PP one stage after the
-other). Rooflines are upper bounds: measured decode falls short of them (the README's Qwen2.5-72B
-example on 2 x A100-80GB gives the measured figures beside the rooflines).
+A layout fits when vLLM can shard the model that way, the weights and a sequence's KV cache fit
+each GPU, and the chart can place it (worker/rules.py, the rules the worker and the chart
+apply): tensor parallel inside a node, pipeline stages in one pod when a node holds them,
+otherwise split evenly over a group of nodes; data-parallel replicas take the rest.
+
+For every layout considered, feasible or not: memory per GPU, KV-cache tokens, concurrent
+sequences at `--max-model-len`, and a decode roofline. One stream: every step reads the weights
+(of a mixture of experts, only the experts its token is routed to); TP reads them from its GPUs
+at once, PP one stage after the other. Saturated: all sequences that fit, the lower of the
+bandwidth bound (weights once per step, per pipeline micro-batch, plus each sequence's KV
+cache) and the compute bound (2 FLOP per active parameter plus attention, at COMPUTE_EFFICIENCY
+of the GPU's dense bf16 peak); the table says which binds. Rooflines are upper bounds: measured
+decode falls short of them (the README's Qwen2.5-72B example on 2 x A100-80GB gives the measured
+figures beside the rooflines).
+
+`--helm-values` prints the best layout as a pool of the chart's `models:` list, with its served
+model name and a start-up probe sized from the weights each pod loads.
 """
 
 from __future__ import annotations
@@ -28,7 +39,15 @@ from worker.layout import (
     ModelSpec,
     dtype_bytes,
     read_spec,
-    sharding_problems,
+    spec_sharding_problems,
+)
+from worker.rules import (
+    DTYPES,
+    model_and_revision,
+    path_part_problem,
+    place,
+    pod_gpus,
+    pool_name,
 )
 
 GB = 1e9
@@ -39,6 +58,7 @@ class Gpu:
     name: str
     mem_gb: float  # usable memory, decimal GB, as nvidia-smi reports the total (MiB x 2^20)
     bw_gbs: float  # memory bandwidth, GB/s
+    tflops: float  # dense bf16 tensor TFLOP/s (the datasheet's figure without sparsity)
     source: str
 
 
@@ -47,18 +67,36 @@ def _mib(n: int) -> float:
 
 
 # Memory: the total nvidia-smi reports (the "80GB" A100 has 81,920 MiB = 85.9 GB, and vLLM's
-# budget is gpu_memory_utilization x that); bandwidth: the vendor's datasheet.
+# budget is gpu_memory_utilization x that); bandwidth and dense bf16 TFLOP/s: the vendor's
+# datasheet (which quotes bf16 "with sparsity", twice the dense figure, for L4, H100 and H200).
 GPUS = {g.name: g for g in (
-    Gpu("A10G", _mib(23028), 600, "NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s"),
-    Gpu("L4", _mib(23034), 300, "NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s"),
-    Gpu("L40S", _mib(46068), 864, "NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s"),
-    Gpu("A100-40GB", _mib(40960), 1555, "NVIDIA A100 datasheet: 40 GB HBM2, 1,555 GB/s (SXM4)"),
-    Gpu("A100-80GB", _mib(81920), 2039, "NVIDIA A100 datasheet: 80 GB HBM2e, 2,039 GB/s (SXM4)"),
-    Gpu("H100", _mib(81559), 3350, "NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s (SXM5)"),
-    Gpu("H200", _mib(143771), 4800, "NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s (SXM)"),
+    Gpu("A10G", _mib(23028), 600, 125,
+        "NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s, 125 bf16 TFLOP/s"),
+    Gpu("L4", _mib(23034), 300, 121,
+        "NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 bf16 TFLOP/s"),
+    Gpu("L40S", _mib(46068), 864, 362,
+        "NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, 362 bf16 TFLOP/s"),
+    Gpu("A100-40GB", _mib(40960), 1555, 312,
+        "NVIDIA A100 datasheet: 40 GB HBM2, 1,555 GB/s (SXM4), 312 bf16 TFLOP/s"),
+    Gpu("A100-80GB", _mib(81920), 2039, 312,
+        "NVIDIA A100 datasheet: 80 GB HBM2e, 2,039 GB/s (SXM4), 312 bf16 TFLOP/s"),
+    Gpu("H100", _mib(81559), 3350, 989,
+        "NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s (SXM5), 989 bf16 TFLOP/s"),
+    Gpu("H200", _mib(143771), 4800, 989,
+        "NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s (SXM), 989 bf16 TFLOP/s"),
 )}
 # CUDA context, activations and graphs: kept off the KV cache on every GPU.
 RUNTIME_OVERHEAD_GB = 2.0
+# Large bf16 matrix products sustain about 80% of the datasheet's dense peak (about 790 of the
+# H200's 989 TFLOP/s); the compute bound uses that, not the peak.
+COMPUTE_EFFICIENCY = 0.8
+# The start-up probe: weights a pod loads at --load-gbs, plus what an engine does besides
+# loading (torch.compile, CUDA-graph capture, NCCL set-up; the compile cache is per pod).
+STARTUP_OVERHEAD_S = 600
+PROBE_PERIOD_S = 10
+DEFAULT_MAX_MODEL_LEN = 8192
+# --dtype values the planner sizes that vLLM applies as on-the-fly quantisation, not --dtype.
+QUANTIZE_ARGS = {"fp8": ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]}
 
 
 @dataclass(frozen=True)
@@ -67,28 +105,33 @@ class Layout:
     pp: int
     dp: int
     gpus: int  # per replica: tp x pp
-    nodes: int  # per replica
+    nodes: int  # per replica: pods, one per node
     fits: bool
     reason: str
-    gpu_mem_bytes: int  # weights + runtime overhead per GPU
+    gpu_mem_bytes: int  # weights + runtime overhead on the busiest GPU
     kv_tokens: int  # per replica
     max_seqs: int  # per replica, at max_model_len
     decode_tok_s_single: float
-    decode_tok_s_aggregate: float  # all replicas at max_seqs, roofline
+    decode_tok_s_aggregate: float  # all replicas at max_seqs: the lower bound of the two below
+    bandwidth_tok_s: float  # all replicas, memory-bandwidth bound
+    compute_tok_s: float  # all replicas, compute bound
+    bound: str  # which one binds the aggregate: "bandwidth" or "compute"
 
 
 def plan(spec: ModelSpec, gpu: Gpu, gpus_per_node: int, nodes: int, *, dtype: str | None,
          max_model_len: int, utilization: float, kv_cache_gb: float | None = None) -> list[Layout]:
-    """Every (TP, PP) with TP within a node; DP with the rest."""
-    weights = spec.weights_bytes(dtype)
+    """Every (TP, PP) with TP within a node and TP x PP within the cluster."""
     budget = gpu.mem_gb * GB * utilization
+    bw, flops = gpu.bw_gbs * GB, gpu.tflops * 1e12 * COMPUTE_EFFICIENCY
+    ctx = max_model_len / 2  # a sequence at half its length, on average
     out = []
     for tp in range(1, gpus_per_node + 1):
-        groups = nodes * (gpus_per_node // tp)  # TP groups the cluster holds
-        for pp in range(1, groups + 1):
-            problems = sharding_problems(spec.num_attention_heads, spec.num_key_value_heads,
-                                         spec.num_hidden_layers, tp, pp)
-            per_gpu = weights / (tp * pp)
+        for pp in range(1, gpus_per_node * nodes // tp + 1):
+            problems = spec_sharding_problems(spec, tp, pp)
+            placement = place(tp, pp, gpus_per_node, nodes)
+            if isinstance(placement, str):
+                problems.append(placement)
+            per_gpu = spec.gpu_weight_bytes(tp, pp, dtype)
             used = per_gpu + RUNTIME_OVERHEAD_GB * GB
             kv_budget = kv_cache_gb * 2**30 if kv_cache_gb is not None else budget - used
             per_token = spec.kv_bytes_per_token(dtype, tp, pp)
@@ -104,16 +147,37 @@ def plan(spec: ModelSpec, gpu: Gpu, gpus_per_node: int, nodes: int, *, dtype: st
                     f"KV cache holds {kv_tokens} tokens per replica < max-model-len "
                     f"{max_model_len}"
                 )
-            dp = groups // pp
-            bw = gpu.bw_gbs * GB
-            single = tp * bw / weights
-            ctx = max_model_len / 2  # a sequence at half its length, on average
-            aggregate = dp * max_seqs * tp * pp * bw / (weights + max_seqs * ctx *
-                                                         spec.kv_bytes_per_token(dtype))
-            out.append(Layout(tp, pp, dp, tp * pp, math.ceil(tp * pp / gpus_per_node),
-                              not problems, "; ".join(problems) or "fits", int(used), kv_tokens,
-                              max_seqs, round(single, 2), round(aggregate, 1)))
+            dp = 0 if isinstance(placement, str) else placement.replicas
+            pods = 0 if isinstance(placement, str) else placement.nnodes
+            single = min(tp * bw / spec.bytes_read_per_step(1, dtype),
+                         tp * flops / spec.flops_per_token(ctx))
+            by_bw, by_flops = (dp * r for r in saturated(spec, gpu, tp, pp, max_seqs, ctx, dtype))
+            out.append(Layout(
+                tp, pp, dp, tp * pp, pods, not problems, "; ".join(problems) or "fits",
+                int(used), kv_tokens, max_seqs, round(single, 2),
+                round(min(by_bw, by_flops), 1), round(by_bw, 1), round(by_flops, 1),
+                ("compute" if by_flops < by_bw else "bandwidth") if max_seqs else "",
+            ))
     return out
+
+
+def saturated(spec: ModelSpec, gpu: Gpu, tp: int, pp: int, seqs: int, ctx: float,
+              dtype: str | None) -> tuple[float, float]:
+    """Decode tok/s of one replica with `seqs` sequences at `ctx` tokens of KV each:
+    (bandwidth bound, compute bound).
+
+    Pipeline parallel runs min(PP, seqs) micro-batches of different sequences at once (vLLM
+    schedules one batch per stage), each through every stage: the weights are read once per
+    micro-batch, and the stages work in parallel only when each has one. Each TP rank reads
+    its share of the KV cache (all of it where the KV heads are replicated)."""
+    if seqs < 1:
+        return 0.0, 0.0
+    bw, flops = gpu.bw_gbs * GB, gpu.tflops * 1e12 * COMPUTE_EFFICIENCY
+    batches = min(pp, seqs)
+    per_batch = seqs / batches
+    kv_read = per_batch * ctx * spec.kv_bytes_per_token(dtype, tp, 1) * tp
+    by_bw = seqs * tp * bw / (spec.bytes_read_per_step(math.ceil(per_batch), dtype) + kv_read)
+    return by_bw, batches * tp * flops / spec.flops_per_token(ctx)
 
 
 def rank(layouts: list[Layout], goal: str) -> list[Layout]:
@@ -127,30 +191,75 @@ def rank(layouts: list[Layout], goal: str) -> list[Layout]:
     return sorted((x for x in layouts if x.fits), key=key) + [x for x in layouts if not x.fits]
 
 
-def helm_pool(spec: ModelSpec, best: Layout, model: str, args: argparse.Namespace) -> dict[str, Any]:
+def startup_seconds(spec: ModelSpec, layout: Layout, dtype: str | None, load_gbs: float) -> float:
+    """Seconds before the engine answers /health: the weights its busiest pod loads (its
+    pipeline stages, every TP shard) at `load_gbs`, plus STARTUP_OVERHEAD_S."""
+    stages = spec.stage_bytes(layout.pp, dtype)
+    per_pod = layout.pp // layout.nodes
+    heaviest = max(sum(stages[i:i + per_pod]) for i in range(0, layout.pp, per_pod))
+    return heaviest / (load_gbs * GB) + STARTUP_OVERHEAD_S
+
+
+def helm_pool(spec: ModelSpec, layout: Layout, model: str, revision: str, *,
+              dtype: str | None, max_model_len: int, utilization: float,
+              load_gbs: float) -> dict[str, Any]:
     """One entry of the chart's `models` list for this layout."""
-    if best.pp > 1 and best.nodes < 2:
+    if dtype is not None and dtype not in DTYPES and dtype not in QUANTIZE_ARGS:
         raise LayoutError(
-            f"TP={best.tp} x PP={best.pp} fits in one node, but the chart runs pipeline stages "
-            "across nodes; choose a layout with PP=1, or plan for more nodes"
+            f"--dtype {dtype} sizes a checkpoint quantised ahead of time, which vLLM reads from "
+            "the checkpoint itself: plan that checkpoint's own config.json without --dtype"
         )
-    name = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")[:20]
+    for what, value in (("model", model), ("revision", revision)):
+        problem = path_part_problem(what, value)
+        if problem:
+            raise LayoutError(problem)
+    startup = startup_seconds(spec, layout, dtype, load_gbs)
     pool: dict[str, Any] = {
-        "name": f"{name}-tp{best.tp}" + (f"pp{best.pp}" if best.pp > 1 else ""),
+        "name": pool_name(model, layout.tp, layout.pp),
         "model": model,
-        "revision": "main",
-        "source": {"s3": f"s3://models/{model}/main"},
-        "tensorParallelSize": best.tp,
-        "pipelineParallelSize": best.pp,
-        "replicas": best.dp,
-        "maxModelLen": args.max_model_len,
-        "gpuMemoryUtilization": args.gpu_memory_utilization,
+        "revision": revision,
+        "servedModelName": model,
+        "source": {"s3": f"s3://models/{model}/{revision}"},
+        "tensorParallelSize": layout.tp,
+        "pipelineParallelSize": layout.pp,
+        "replicas": layout.dp,
+        "maxModelLen": max_model_len,
+        "gpuMemoryUtilization": utilization,
+        "startupProbe": {"periodSeconds": PROBE_PERIOD_S,
+                         "failureThreshold": math.ceil(startup / PROBE_PERIOD_S)},
     }
-    if args.dtype:
-        pool["dtype"] = args.dtype
-    if best.pp > 1:
-        pool["multiNode"] = {"nodes": best.nodes}
+    if dtype in DTYPES:
+        pool["dtype"] = dtype
+    elif dtype in QUANTIZE_ARGS:
+        pool["extraArgs"] = QUANTIZE_ARGS[dtype]
+    if layout.nodes > 1:
+        pool["multiNode"] = {"nodes": layout.nodes}
     return pool
+
+
+def helm_values(spec: ModelSpec, layout: Layout, args: argparse.Namespace) -> str:
+    """The pool as YAML, after a comment that says what was planned and how the probe was sized."""
+    import yaml
+
+    model, revision = model_and_revision(args.model)
+    pool = helm_pool(spec, layout, model, revision, dtype=args.dtype,
+                     max_model_len=args.max_model_len, utilization=args.gpu_memory_utilization,
+                     load_gbs=args.load_gbs)
+    pods = (f"one pod of {layout.gpus} GPU(s)" if layout.nodes == 1 else
+            f"{layout.nodes} pods (one per node) of {pod_gpus(layout.tp, layout.pp, layout.nodes)}"
+            " GPU(s)")
+    probe = pool["startupProbe"]
+    head = [
+        (f"# python -m worker plan: TP={layout.tp} x PP={layout.pp}, {layout.dp} replica(s), "
+         f"each {pods}; {layout.gpu_mem_bytes / GB:.1f} GB per GPU before the KV cache."),
+        (f"# Start-up probe: {probe['periodSeconds']} s x {probe['failureThreshold']} covers "
+         f"loading the weights at {args.load_gbs:g} GB/s (--load-gbs) plus "
+         f"{STARTUP_OVERHEAD_S} s of engine start-up."),
+        ("# A pool of the chart's `models:` list: helm install ... -f THIS_FILE "
+         "--set image.registry=REGISTRY"),
+    ]
+    body = yaml.safe_dump({"models": [pool]}, sort_keys=False)
+    return "\n".join(head) + "\n" + body
 
 
 class _Parser(argparse.ArgumentParser):
@@ -158,29 +267,48 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"worker plan: error: {message} (see --help)\n")
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 (got {text})")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m worker plan", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=Path, metavar="MODEL_DIR_OR_CONFIG",
                    help="a model directory (config.json, safetensors for real tensor sizes) or "
-                        "a config.json")
-    p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type (memory and bandwidth)")
-    p.add_argument("--gpu-mem-gb", type=float, help="GPU memory, GB (instead of --gpu)")
-    p.add_argument("--gpu-bw-gbs", type=float, help="GPU memory bandwidth, GB/s (with --gpu-mem-gb)")
+                        "a config.json; ROOT/<model>/<revision>/ names the model <model>")
+    p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type (memory, bandwidth, TFLOP/s)")
+    p.add_argument("--gpu-mem-gb", type=_positive, help="GPU memory, GB (instead of --gpu)")
+    p.add_argument("--gpu-bw-gbs", type=_positive,
+                   help="GPU memory bandwidth, GB/s (with --gpu-mem-gb)")
+    p.add_argument("--gpu-tflops", type=_positive,
+                   help="dense bf16 TFLOP/s (with --gpu-mem-gb; without it, no compute bound)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs in one node (default 8)")
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     p.add_argument("--dtype", default=None,
                    help="weights and KV dtype (bfloat16, float16, float32, fp8, int8, int4); "
                         "default: the checkpoint's")
-    p.add_argument("--max-model-len", type=int, default=8192,
-                   help="context length each sequence may reach (default 8192)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help=f"context length each sequence may reach (default {DEFAULT_MAX_MODEL_LEN}, "
+                        "or the model's own maximum when smaller)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="share of GPU memory vLLM may use (default 0.9)")
-    p.add_argument("--kv-cache-gib", type=float, default=None,
+    p.add_argument("--kv-cache-gib", type=_positive, default=None,
                    help="KV cache per GPU/rank, GiB, as vLLM-CPU's VLLM_CPU_KVCACHE_SPACE fixes it "
                         "(default: what the GPU memory leaves)")
+    p.add_argument("--tp", type=int, default=None, help="only layouts with this tensor parallel")
+    p.add_argument("--pp", type=int, default=None, help="only layouts with this pipeline parallel")
     p.add_argument("--goal", choices=("latency", "throughput", "fewest-gpus"), default="latency",
                    help="how to rank the layouts that fit (default latency)")
+    p.add_argument("--load-gbs", type=_positive, default=0.25,
+                   help="GB/s a pod reads its weights from the model volume, for --helm-values' "
+                        "start-up probe (default 0.25: a network file share; local NVMe: 2+)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="machine-readable output")
     out.add_argument("--helm-values", action="store_true",
@@ -193,72 +321,93 @@ def _table(spec: ModelSpec, layouts: list[Layout], gpu: Gpu, args: argparse.Name
     weights = spec.weights_bytes(args.dtype)
     dt = args.dtype or spec.config_dtype
     real = spec.files_bytes is not None and args.dtype in (None, spec.config_dtype)
-    origin = "safetensors headers" if real else f"config shapes x {dt}"
-    thumb = params * dtype_bytes(dt) * RULE_OF_THUMB / GB
-    head = ("| TP | PP | DP | GPUs/replica | GB/GPU | KV tokens/replica | seqs@len "
-            "| decode tok/s (1 stream) | decode tok/s (all, saturated) | |")
+    origin = "safetensors headers" if real else f"config shapes x {args.dtype or spec.weight_dtype}"
+    thumb = params * dtype_bytes(args.dtype or spec.weight_dtype) * RULE_OF_THUMB / GB
+    experts = ""
+    if spec.moe is not None:
+        experts = (f" ({spec.active_params() / 1e9:.1f} B active per token: {spec.moe.active} of "
+                   f"{spec.moe.experts} experts)")
+    kv = (f"{spec.num_hidden_layers} layers x ({spec.mla.kv_lora_rank} + "
+          f"{spec.mla.qk_rope_head_dim}) latent" if spec.mla is not None else
+          f"2 x {spec.num_hidden_layers} layers x {spec.num_key_value_heads} KV heads x "
+          f"{spec.head_dim}")
+    head = ("| TP | PP | DP | GPUs/replica | pods/replica | GB/GPU | KV tokens/replica | seqs@len "
+            "| decode tok/s (1 stream) | decode tok/s (all, saturated) | bound | |")
     lines = [
-        (f"{spec.source}: {params / 1e9:.1f} B parameters; weights {weights / GB:.1f} GB "
+        (f"{spec.source}: {params / 1e9:.1f} B parameters{experts}; weights {weights / GB:.1f} GB "
          f"({origin}); rule of thumb params x bytes x {RULE_OF_THUMB}: {thumb:.1f} GB"),
-        (f"KV cache: {spec.kv_bytes_per_token(args.dtype) / 1e3:.1f} KB per token (2 x "
-         f"{spec.num_hidden_layers} layers x {spec.num_key_value_heads} KV heads x "
-         f"{spec.head_dim} x {dtype_bytes(dt):g} B)"),
-        (f"GPU {gpu.name}: {gpu.mem_gb:.1f} GB, {gpu.bw_gbs:g} GB/s ({gpu.source}); "
-         f"{args.gpus_per_node} per node x {args.nodes} nodes; goal {args.goal}"),
+        (f"KV cache: {spec.kv_bytes_per_token(args.dtype) / 1e3:.1f} KB per token ({kv} x "
+         f"{dtype_bytes(dt):g} B); max-model-len {args.max_model_len:,} (model's maximum "
+         f"{spec.max_len:,}: {spec.max_len_key})"),
+        (f"GPU {gpu.name}: {gpu.mem_gb:.1f} GB, {gpu.bw_gbs:g} GB/s, {gpu.tflops:g} bf16 TFLOP/s "
+         f"({gpu.source}); {args.gpus_per_node} per node x {args.nodes} nodes; goal {args.goal}"),
         "",
         head,
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in layouts:
         lines.append(
-            f"| {x.tp} | {x.pp} | {x.dp} | {x.gpus} | {x.gpu_mem_bytes / GB:.1f} | "
+            f"| {x.tp} | {x.pp} | {x.dp} | {x.gpus} | {x.nodes} | {x.gpu_mem_bytes / GB:.1f} | "
             f"{x.kv_tokens:,} | {x.max_seqs:,} | {x.decode_tok_s_single:.1f} | "
-            f"{x.decode_tok_s_aggregate:,.0f} | {x.reason} |"
+            f"{x.decode_tok_s_aggregate:,.0f} | {x.bound if x.fits else ''} | {x.reason} |"
         )
     return "\n".join(lines)
+
+
+def _gpu(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gpu:
+    if args.gpu:
+        return GPUS[args.gpu]
+    if args.gpu_mem_gb and args.gpu_bw_gbs:
+        return Gpu("custom", args.gpu_mem_gb, args.gpu_bw_gbs, args.gpu_tflops or math.inf,
+                   "given on the command line")
+    parser.error("give --gpu, or --gpu-mem-gb with --gpu-bw-gbs")
 
 
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.gpu:
-        gpu = GPUS[args.gpu]
-    elif args.gpu_mem_gb and args.gpu_bw_gbs:
-        gpu = Gpu("custom", args.gpu_mem_gb, args.gpu_bw_gbs, "given on the command line")
-    else:
-        parser.error("give --gpu, or --gpu-mem-gb with --gpu-bw-gbs")
+    gpu = _gpu(args, parser)
     for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--nodes", args.nodes),
-                        ("--max-model-len", args.max_model_len)):
-        if value < 1:
+                        ("--max-model-len", args.max_model_len), ("--tp", args.tp),
+                        ("--pp", args.pp)):
+        if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1 (got {value})")
     if not 0 < args.gpu_memory_utilization <= 1:
         parser.error(f"--gpu-memory-utilization must be in (0, 1] (got {args.gpu_memory_utilization})")
     try:
         spec = read_spec(args.model)
-        layouts = rank(plan(spec, gpu, args.gpus_per_node, args.nodes, dtype=args.dtype,
-                            max_model_len=args.max_model_len,
-                            utilization=args.gpu_memory_utilization,
-                            kv_cache_gb=args.kv_cache_gib), args.goal)
+        if args.max_model_len is None:
+            args.max_model_len = min(DEFAULT_MAX_MODEL_LEN, spec.max_len)
+        elif args.max_model_len > spec.max_len:
+            raise LayoutError(
+                f"--max-model-len {args.max_model_len} exceeds the model's maximum "
+                f"{spec.max_len} ({spec.max_len_key} in {spec.source}), which vLLM refuses"
+            )
+        layouts = rank([x for x in plan(spec, gpu, args.gpus_per_node, args.nodes,
+                                        dtype=args.dtype, max_model_len=args.max_model_len,
+                                        utilization=args.gpu_memory_utilization,
+                                        kv_cache_gb=args.kv_cache_gib)
+                        if args.tp in (None, x.tp) and args.pp in (None, x.pp)], args.goal)
         if args.json:
             print(json.dumps({
                 "model": str(spec.source), "params": spec.params(),
+                "active_params": spec.active_params(),
                 "weights_bytes": spec.weights_bytes(args.dtype),
                 "rule_of_thumb_bytes": int(spec.params() * dtype_bytes(args.dtype or
                                                                        spec.config_dtype)
                                            * RULE_OF_THUMB),
                 "kv_bytes_per_token": spec.kv_bytes_per_token(args.dtype),
-                "gpu": asdict(gpu), "goal": args.goal,
-                "layouts": [asdict(x) for x in layouts],
+                "max_model_len": args.max_model_len, "model_max_len": spec.max_len,
+                "gpu": {**asdict(gpu), "tflops": gpu.tflops if math.isfinite(gpu.tflops)
+                        else None},
+                "compute_efficiency": COMPUTE_EFFICIENCY, "goal": args.goal,
+                "layouts": [{k: v if not isinstance(v, float) or math.isfinite(v) else None
+                             for k, v in asdict(x).items()} for x in layouts],
             }, indent=2))
         elif args.helm_values:
             if not layouts or not layouts[0].fits:
                 raise LayoutError("no layout fits; see the table without --helm-values")
-            model = spec.source.parent.name if spec.source.name == "config.json" else \
-                spec.source.stem
-            import yaml
-
-            print(yaml.safe_dump({"models": [helm_pool(spec, layouts[0], model, args)]},
-                                 sort_keys=False), end="")
+            print(helm_values(spec, layouts[0], args), end="")
         else:
             print(_table(spec, layouts, gpu, args))
     except LayoutError as exc:

@@ -24,13 +24,15 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from worker.rules import CPU_DTYPES, DTYPES, group_problem, model_and_revision
+
 ENV_PREFIX = "WORKER_"
 
 # dtypes vLLM accepts for --dtype; "auto" is resolved by the worker on the CPU (see resolved_dtype).
-KNOWN_DTYPES = frozenset({"auto", "float32", "float", "bfloat16", "float16", "half"})
+KNOWN_DTYPES = frozenset(DTYPES)
 # Half precision on the CPU gave wrong greedy answers with the demo model ("L'Étoile, la
 # Marseillaise..." instead of "Paris"), so the worker refuses it rather than serve nonsense.
-CPU_UNSAFE_DTYPES = frozenset({"bfloat16", "float16", "half"})
+CPU_UNSAFE_DTYPES = KNOWN_DTYPES - frozenset(CPU_DTYPES)
 
 # LeaderWorkerSet injects these into every pod of a group; they are defaults for the multi-node
 # fields, never overrides of an explicit WORKER_* value.
@@ -73,7 +75,9 @@ class WorkerSettings(BaseSettings):
         description="Model directory (Hugging Face layout + completion marker)."
     )
     served_model_name: str | None = Field(
-        None, description="Model name clients send in requests; default: the directory name."
+        None,
+        description="Model name clients send in requests; default: the model's directory name "
+        "(ROOT/<model>/<revision>/ names it <model>).",
     )
 
     # --- parallelism ---------------------------------------------------------------------------
@@ -191,7 +195,7 @@ class WorkerSettings(BaseSettings):
     # --- derived values (pure) -----------------------------------------------------------------
     @property
     def model_name(self) -> str:
-        return self.served_model_name or self.model_path.name
+        return self.served_model_name or model_and_revision(self.model_path)[0]
 
     @property
     def resolved_dtype(self) -> str:
@@ -222,13 +226,11 @@ def _consistency_problems(s: WorkerSettings) -> list[str]:
                 f"WORKER_MASTER_ADDR is required when WORKER_NNODES={s.nnodes} > 1 "
                 "(under LeaderWorkerSet it defaults to LWS_LEADER_ADDRESS)"
             )
-        # Pipeline stages are what crosses nodes; tensor parallel stays inside one node (it needs
-        # the fast intra-node interconnect), so every node must hold a whole number of stages.
-        if pp < s.nnodes or pp % s.nnodes:
-            problems.append(
-                f"WORKER_PIPELINE_PARALLEL_SIZE={pp} must be a multiple of "
-                f"WORKER_NNODES={s.nnodes} (each node runs whole pipeline stages)"
-            )
+        # The rule the planner and the chart apply too (worker/rules.py).
+        problem = group_problem(s.tensor_parallel_size, pp, s.nnodes,
+                                pp_name="WORKER_PIPELINE_PARALLEL_SIZE", nodes_name="WORKER_NNODES")
+        if problem:
+            problems.append(problem)
         if s.is_leader and s.master_port == s.port:
             problems.append(
                 f"WORKER_MASTER_PORT={s.master_port} collides with WORKER_PORT={s.port} "
@@ -247,7 +249,9 @@ def _consistency_problems(s: WorkerSettings) -> list[str]:
                 problems.append(
                     f"WORKER_CPU_THREADS_BIND={s.cpu_threads_bind!r} has an empty group"
                 )
-            elif len(groups) != s.local_ranks and pp % s.nnodes == 0:
+            elif len(groups) != s.local_ranks and not group_problem(
+                s.tensor_parallel_size, pp, s.nnodes
+            ):
                 problems.append(
                     f"WORKER_CPU_THREADS_BIND={s.cpu_threads_bind!r} has {len(groups)} group(s) "
                     f"but this node runs {s.local_ranks} local rank(s) "

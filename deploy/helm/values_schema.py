@@ -2,7 +2,9 @@
 
 The schema is written here, in Python, because pool keys and workerDefaults share one set of
 definitions (`INFRA`) and JSON has no way to say so without $ref/allOf tricks that defeat
-additionalProperties. tests/deploy/test_values_schema.py fails when the JSON file is stale.
+additionalProperties, and because the layout rules come from worker/rules.py, the module the
+planner and the worker apply too. tests/deploy/test_values_schema.py fails when the JSON file is
+stale.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+# worker/rules.py is standard-library only: importable without the worker's dependencies.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker import rules
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "llmserve" / "values.schema.json"
 # llmserve_ttft_seconds's bucket bounds, as gateway/metrics.py has them (this script runs without
@@ -162,12 +168,10 @@ INFRA: dict[str, Any] = {
     "priorityClassName": s(),
 }
 NAME = s(
-    pattern=r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$",
-    description="pool name: a DNS label of at most 24 characters",
+    pattern=rules.POOL_NAME_PATTERN,
+    description=f"pool name: a DNS label of at most {rules.POOL_NAME_MAX} characters",
 )
-PATHPART = s(
-    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="one path component (no '/', no '..')"
-)
+PATHPART = s(pattern=rules.PATH_PART_PATTERN, description="one path component (no '/', no '..')")
 source = {
     "type": "object",
     "additionalProperties": False,
@@ -182,7 +186,12 @@ source = {
 }
 multinode = obj(
     {
-        "nodes": i(2, description="pods per group; pipelineParallelSize must be a multiple of it"),
+        "nodes": i(
+            2,
+            maximum=rules.MAX_GROUP_NODES,
+            description="pods per group, one per node; pipelineParallelSize must be a multiple "
+            "of it",
+        ),
         "masterPort": i(1, maximum=65535),
         "restartPolicy": s(
             enum=["RecreateGroupOnPodRestart", "None", "Default", "RecreateGroupAfterStart"]
@@ -210,7 +219,7 @@ model_props = {
     "pipelineParallelSize": i(1),
     "multiNode": multinode,
     "replicas": i(0),
-    "dtype": s(enum=["auto", "float32", "float", "bfloat16", "float16", "half"]),
+    "dtype": s(enum=list(rules.DTYPES)),
     "maxModelLen": {"type": ["integer", "null"], "minimum": 1},
     "gpuMemoryUtilization": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "cpuKvcacheSpaceGib": i(1),
@@ -218,20 +227,34 @@ model_props = {
     **INFRA,
 }
 model = obj(model_props, required=["name", "model", "source"])
-model["allOf"] = [
-    # Pipeline stages cross nodes: PP > 1 needs the multi-node settings.
-    {
+
+
+def group_rule(nodes: int) -> dict[str, Any]:
+    """A group of `nodes` pods takes a pipelineParallelSize that is a multiple of
+    rules.pp_multiple(nodes); JSON schema cannot divide one value by another, so one clause per
+    group size."""
+    return {
         "if": {
-            "properties": {"pipelineParallelSize": {"minimum": 2}},
+            "properties": {"multiNode": {"properties": {"nodes": {"const": nodes}},
+                                         "required": ["nodes"]}},
+            "required": ["multiNode"],
+        },
+        "then": {
+            "properties": {"pipelineParallelSize": {"multipleOf": rules.pp_multiple(nodes)}},
             "required": ["pipelineParallelSize"],
         },
-        "then": {"required": ["multiNode"]},
-    },
+    }
+
+
+model["allOf"] = [
     # Half precision gives wrong answers on the CPU (see worker/settings.py).
     {
         "if": {"properties": {"device": {"const": "cpu"}}, "required": ["device"]},
-        "then": {"properties": {"dtype": {"enum": ["auto", "float32", "float"]}}},
+        "then": {"properties": {"dtype": {"enum": list(rules.CPU_DTYPES)}}},
     },
+    # PP runs inside one pod without multiNode; across a group of nodes, each node runs whole
+    # pipeline stages.
+    *(group_rule(n) for n in range(2, rules.MAX_GROUP_NODES + 1)),
 ]
 secctx = MAP
 SCHEMA: dict[str, Any] = {

@@ -32,6 +32,10 @@ MATRIX: dict[str, dict[str, Any]] = {
             _pool("pp4", tensorParallelSize=2, pipelineParallelSize=4, multiNode={"nodes": 2})
         ]
     },
+    # Pipeline parallel inside one pod (one node): no multiNode, TP x PP GPUs in the pod.
+    "gpu-pp2-in-one-pod-dp2": {
+        "models": [_pool("pp2", tensorParallelSize=2, pipelineParallelSize=2, replicas=2)]
+    },
     "gpu-pp3-over-3-nodes-dp2": {
         "models": [
             _pool(

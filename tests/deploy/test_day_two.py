@@ -19,6 +19,7 @@ import yaml
 
 from model_store.__main__ import build_parser
 from tests.deploy.manifests import CHART, Manifest, Release, env_of, render, with_registry
+from worker.rules import POOL_NAME_MAX
 
 pytestmark = pytest.mark.helm
 
@@ -182,9 +183,9 @@ LONG_RELEASE = "r" * 20 + "-" + "x" * 32  # 53 characters: Helm's own limit for 
 def test_every_name_fits_with_a_53_character_release_name() -> None:
     assert len(LONG_RELEASE) == 53
     pools = [
-        _pool("a" * 24, pipelineParallelSize=2, multiNode={"nodes": 2}, replicas=12),
-        _pool("b" * 24, pipelineParallelSize=2, multiNode={"nodes": 2}),
-        _pool("c" * 24, replicas=3),
+        _pool("a" * POOL_NAME_MAX, pipelineParallelSize=2, multiNode={"nodes": 2}, replicas=12),
+        _pool("b" * POOL_NAME_MAX, pipelineParallelSize=2, multiNode={"nodes": 2}),
+        _pool("c" * POOL_NAME_MAX, replicas=3),
     ]
     rel = render({"models": pools, "minio": {"enabled": True}}, name=LONG_RELEASE)
     keys = [(m["kind"], m["metadata"]["name"]) for m in rel.manifests]

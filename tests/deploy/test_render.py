@@ -23,6 +23,7 @@ from tests.deploy.manifests import (
     render,
     with_registry,
 )
+from worker.rules import MAX_GROUP_NODES, POOL_NAME_MAX
 
 pytestmark = pytest.mark.helm
 
@@ -202,7 +203,6 @@ SCHEMA_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
     "tp zero": (_models(_pool(tensorParallelSize=0)), "/models/0/tensorParallelSize"),
     "tp fractional": (_models(_pool(tensorParallelSize=1.5)), "/models/0/tensorParallelSize"),
     "tp as string": (_models(_pool(tensorParallelSize="8")), "/models/0/tensorParallelSize"),
-    "pp without multiNode": (_models(_pool(pipelineParallelSize=2)), "multiNode"),
     "one-node group": (
         _models(_pool(pipelineParallelSize=2, multiNode={"nodes": 1})),
         "/models/0/multiNode/nodes",
@@ -212,7 +212,24 @@ SCHEMA_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
     "unknown device": (_models(_pool(device="tpu")), "/models/0/device"),
     "typo in a pool key": (_models(_pool(tensorParalelSize=8)), "tensorParalelSize"),
     "pool name not a DNS label": (_models(_pool(name="Llama_70B")), "/models/0/name"),
-    "pool name too long": (_models(_pool(name="a" * 25)), "/models/0/name"),
+    "pool name too long": (_models(_pool(name="a" * (POOL_NAME_MAX + 1))), "/models/0/name"),
+    # The group rule (worker/rules.py): each node runs whole pipeline stages.
+    "pp not a multiple of nodes": (
+        _models(_pool(pipelineParallelSize=3, multiNode={"nodes": 2})),
+        "'/models/0/pipelineParallelSize': multipleOf: got 3, want 2",
+    ),
+    "fewer stages than nodes": (
+        _models(_pool(pipelineParallelSize=2, multiNode={"nodes": 4})),
+        "'/models/0/pipelineParallelSize': multipleOf: got 2, want 4",
+    ),
+    "a group with one stage": (
+        _models(_pool(multiNode={"nodes": 2})),
+        "missing property 'pipelineParallelSize'",
+    ),
+    "a group larger than the chart's": (
+        _models(_pool(pipelineParallelSize=34, multiNode={"nodes": MAX_GROUP_NODES + 1})),
+        "/models/0/multiNode/nodes",
+    ),
     "model escapes the volume": (_models(_pool(model="../etc")), "/models/0/model"),
     "revision with a slash": (_models(_pool(revision="a/b")), "/models/0/revision"),
     "no source": (_models({"name": "p", "model": "m"}), "source"),
@@ -274,14 +291,6 @@ def test_schema_rejects_bad_values(case: str) -> None:
 
 # Rules JSON schema cannot say; the templates `fail` with a message naming the values.
 TEMPLATE_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
-    "pp not a multiple of nodes": (
-        _models(_pool(pipelineParallelSize=3, multiNode={"nodes": 2})),
-        "pipelineParallelSize=3 must be a multiple of multiNode.nodes=2",
-    ),
-    "fewer stages than nodes": (
-        _models(_pool(pipelineParallelSize=2, multiNode={"nodes": 4})),
-        "pipelineParallelSize=2 must be a multiple of multiNode.nodes=4",
-    ),
     "master port on the API port": (
         _models(_pool(pipelineParallelSize=2, multiNode={"nodes": 2, "masterPort": 8000})),
         "multiNode.masterPort=8000 collides",

