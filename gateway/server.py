@@ -27,7 +27,6 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
-from gateway import sockio
 from gateway.app import GatewayState, build_app
 from gateway.edge import Edge, EdgeProtocol, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
@@ -133,8 +132,6 @@ def run(settings: GatewaySettings) -> None:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     app = build_app(settings)
-    # After the app is built: a setting that fails there (a bad keys file) is the one line said.
-    sockio.report(settings.sockio)
     state = app.state
     edge = Edge(settings.edge, state.metrics)
     check_fd_limit(settings.edge)

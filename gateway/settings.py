@@ -301,11 +301,6 @@ class GatewaySettings(BaseSettings):
                                      "average) is ejected, unless it is the last one available"
     )
 
-    sockio: bool = Field(
-        True, description="socket reads and writes through recv/send (gateway/_sockio.c, "
-                          "preloaded by re-executing python -m gateway): 1-3 percent less CPU"
-    )
-
     timeouts: Timeouts = Timeouts()
     flow: FlowSettings = FlowSettings()
     batch: BatchSettings = BatchSettings()
