@@ -284,7 +284,7 @@ class GatewayMetrics:
         r.register(self.routing)
         self._series: dict[str, ModelSeries] = {}
 
-        # -- the HTTP edge (gateway/edge.py) -----------------------------------------------------
+        # -- the HTTP edge (gateway/edge/) ------------------------------------------------------
         self.edge_events = Counter(
             "llmserve_edge_events",
             "Connections and requests refused or cut by the HTTP edge, by reason "

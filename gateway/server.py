@@ -65,12 +65,12 @@ class _DrainingServer(uvicorn.Server):
         port = self._state.settings.edge.probe_port
         if not self.started or port is None or self._edge is None:
             return
-        # The probes' own listener (gateway/edge.py): a flood of the API port cannot take the
-        # connections /health and /ready need.
+        # The probes' own listener (gateway/edge/probe.py): a flood of the API port cannot take
+        # the connections /health and /ready need.
         try:
             self._probe = await open_probe_listener(
                 self.config, self._edge, cast(ASGIApp, self.config.loaded_app),
-                self.lifespan.state, self.config.host, port)
+                self.lifespan.state)
         except OSError as exc:
             log.error("probe listener on port %s: %s", port, exc)
             await self.lifespan.shutdown()
@@ -143,7 +143,7 @@ def run(settings: GatewaySettings) -> None:
         loop="uvloop",
         # Said, not guessed: GatewayApp's __call__ is not a coroutine function (gateway/app.py).
         interface="asgi3",
-        # httptools, with the edge's caps and deadlines (gateway/edge.py).
+        # httptools, with the edge's caps and deadlines (gateway/edge/).
         http=EdgeProtocol.bound(edge),
         lifespan="on",
         access_log=False,  # per-request log lines cost more than the proxying itself

@@ -148,7 +148,7 @@ class BatchSettings(BaseModel):
 
 
 class EdgeSettings(BaseModel):
-    """The HTTP edge against hostile and slow clients (gateway/edge.py), enforced in the protocol
+    """The HTTP edge against hostile and slow clients (gateway/edge/), enforced in the protocol
     before a request reaches the app: head caps, head/body timeouts, a connection cap, and a
     separate listener for the probes."""
 

@@ -57,7 +57,7 @@ class BodyLimitMiddleware:
     (chunked) body by counting what arrives.
 
     A Content-Length within the limit is trusted because the gateway's server parses with
-    httptools (gateway/edge.py), which delivers exactly that many body bytes and refuses a head
+    httptools (gateway/edge/), which delivers exactly that many body bytes and refuses a head
     with Transfer-Encoding beside it or a second Content-Length (tests/gateway/api/test_proxy.py).
     h11, whose Transfer-Encoding wins over Content-Length, would need the count for every body."""
 

@@ -68,8 +68,9 @@ class ProxyEndpoint:
         # connection_lost (a callback, no task per request); other servers only through
         # receive(), which a watcher task awaits in the background.
         task = asyncio.current_task()
-        writer: ClientWriter | None = scope.get(WRITER_KEY)
-        ex = Exchange(task, started, scope.get("state", {}).get("request_id", "-"), writer)
+        state = scope.get("state", {})
+        writer: ClientWriter | None = state.get(WRITER_KEY)
+        ex = Exchange(task, started, state.get("request_id", "-"), writer)
         inflight = self._d.inflight
         inflight.add(ex)
         watcher = None
@@ -99,7 +100,8 @@ class ProxyEndpoint:
         finally:
             if watcher is not None:
                 watcher.cancel()
-            if writer is not None:
+            # The writer is the connection's: the next request on it may have set its own already.
+            if writer is not None and writer.lost == ex.hang_up:
                 writer.lost = None
             inflight.discard(ex)
 

@@ -5,9 +5,9 @@ At a real decode pace every SSE event arrives alone, so whatever the relay does 
 callback (`UpstreamResponse.push`); the proxy's task sleeps until the stream ends, the client's
 buffer fills, or the splice holds something for the task to send.
 
-Where the server offers a `ClientWriter` in the scope (the gateway's edge protocol), the splice
-frames each chunk and writes it to the client's connection itself: one Python call and one `write`
-per event, no future, task wake-up or ASGI `send`. The response head, the first events, the final
+Where the server offers a `ClientWriter` in `scope["state"]` (the gateway's edge protocol), the
+splice frames each chunk and writes it to the client's connection itself: one Python call and one
+`write` per event, no future, task wake-up or ASGI `send`. The response head, the first events, the final
 event and any in-band error always go through ASGI `send`, so the server's own bookkeeping
 (response started, keep-alive, completion) stays whole. Without a writer the splice hands each
 chunk back to the task, which sends it through ASGI.
@@ -21,7 +21,7 @@ from typing import Protocol
 
 from gateway.api.sse import EVENT_END, SseRelay
 
-# The scope key under which a server offers a ClientWriter for the current request.
+# The key under which a server offers a ClientWriter in `scope["state"]`.
 WRITER_KEY = "llmserve.client_writer"
 
 
@@ -36,8 +36,9 @@ class WriteFlow(Protocol):
 
 
 class ClientWriter(Protocol):
-    """What a server offers for direct writes of a response's body: the connection's transport
-    (asyncio's `pause_writing`/`resume_writing` make `flow`), and a hook for a hang-up.
+    """What a server offers for direct writes of a response's body (gateway/edge/writer.py): the
+    connection's transport (asyncio's `pause_writing`/`resume_writing` make `flow`), and a hook
+    for a hang-up.
 
     The relay writes only chunks of a chunked response whose head went through ASGI `send`, and
     ends it through `send` too."""

@@ -33,6 +33,9 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+# With a direct writer the splice writes chunk frames itself: the head says so, and the server
+# frames its own writes (the first events, the last) the same way.
+CHUNKED_SSE_HEADERS = [*SSE_HEADERS, (b"transfer-encoding", b"chunked")]
 
 
 async def relay_stream(
@@ -52,9 +55,10 @@ async def relay_stream(
     if pool is not None and d.flow is not None:
         # The engine's own TTFT (dispatch -> first event): what the adaptive limit steers.
         pool.sample(d.flow.clock() - dispatched, dispatched)
-    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-    ex.head_sent = True
     writer = ex.writer
+    await send({"type": "http.response.start", "status": 200,
+                "headers": SSE_HEADERS if writer is None else CHUNKED_SSE_HEADERS})
+    ex.head_sent = True
     if writer is not None:
         splice.write_directly(writer)
 

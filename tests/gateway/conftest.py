@@ -78,7 +78,7 @@ def run_gateway(*, expect_ready: bool = True, edge: bool = True, keep_alive_s: f
     s = GatewaySettings(**{"host": "127.0.0.1", "port": port, "health_interval_s": 0.2,
                            **settings})
     app = build_app(s)
-    # The production protocol (gateway/edge.py), so every gateway test also drives the edge.
+    # The production protocol (gateway/edge/), so every gateway test also drives the edge.
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
                                            lifespan="on", loop="asyncio", interface="asgi3",
                                            timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ def rank(module: str) -> int:
     parts = module.split(".")
     if len(parts) >= 2 and parts[1] in RANKS:  # a layer's package or a module in it
         return RANKS[parts[1]]
-    return 5 if parts[-1] in ASSEMBLY else 0
+    return 5 if len(parts) >= 2 and parts[1] in ASSEMBLY else 0  # edge: a package
 
 
 def imports() -> dict[str, set[str]]:

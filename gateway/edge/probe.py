@@ -1,0 +1,54 @@
+"""The probes' own listener: /health, /ready and /metrics on a port of their own.
+
+A flood of the API port fills the API listener's connection cap; the kubelet's probes must still
+get through, so they have a listener with its own connection set (and so its own cap). uvicorn's
+shutdown closes only its own listener: this one stays open through the drain, so the kubelet reads
+/ready 503 (and /health 200) rather than a refused connection until the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from gateway.edge.limits import Edge
+from gateway.edge.protocol import EdgeProtocol
+from gateway.errors import NotFound, send_error
+
+PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
+
+
+class ProbeApp:
+    """The probe listener's app: the gateway's own /health, /ready and /metrics, nothing else."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in PROBE_PATHS:
+            await send_error(send, NotFound("the probe port serves /health, /ready and /metrics"))
+            return
+        await self.app(scope, receive, send)
+
+
+async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp, app_state: dict[str, Any],
+                              ) -> tuple[asyncio.Server, ServerState]:
+    """Listen on `edge.settings.probe_port`, on the API listener's host, with the edge's limits.
+    Returns the server and its connection set, for the shutdown to close after the drain."""
+    assert edge.settings.probe_port is not None
+    # The API listener's config, serving ProbeApp: protocols read their app from their config.
+    probe = Config(ProbeApp(app), interface="asgi3", lifespan="off", log_config=None,
+                   proxy_headers=False, timeout_keep_alive=config.timeout_keep_alive)
+    state = ServerState()
+    protocol = EdgeProtocol.bound(edge)
+
+    def factory() -> asyncio.Protocol:
+        return protocol(config=probe, server_state=state, app_state=app_state)
+
+    server = await asyncio.get_running_loop().create_server(
+        factory, host=config.host, port=edge.settings.probe_port, backlog=config.backlog)
+    return server, state

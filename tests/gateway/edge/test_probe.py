@@ -1,0 +1,56 @@
+"""gateway/edge/probe.py: /health, /ready and /metrics on a port of their own, through the drain."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from bench.fake_upstream import Behaviour, start_in_thread
+from gateway.settings import EdgeSettings, GatewaySettings
+from tests.gateway.edge.conftest import Gateway, edge_gateway
+
+
+def test_the_probe_port_serves_probes_only(gw: Gateway) -> None:
+    assert httpx.get(gw.probe_url + "/health").json() == {"status": "ok"}
+    assert httpx.get(gw.probe_url + "/ready").status_code == 200
+    assert "llmserve_connections_open" in httpx.get(gw.probe_url + "/metrics").text
+    r = httpx.get(gw.probe_url + "/v1/models")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.slow
+def test_the_probe_port_answers_through_the_drain() -> None:
+    """The API listener closes at SIGTERM; the probe listener stays until the drain is over, so
+    the kubelet reads /ready 503 (and /health 200), not a refused connection."""
+    with start_in_thread(Behaviour(token_delay_s=0.05)) as up, edge_gateway(
+        up, "--drain-timeout-s", "10",
+    ) as gw:
+        done: dict[str, str] = {}
+
+        def stream() -> None:
+            done["text"] = httpx.post(gw.url + "/v1/chat/completions", timeout=30, json={
+                "model": "demo", "stream": True, "max_tokens": 40,
+                "messages": [{"role": "user", "content": "hi"}]}).text
+
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(0.3)
+        os.kill(gw.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        ready = httpx.get(gw.probe_url + "/ready")
+        assert ready.status_code == 503
+        assert ready.json()["error"]["message"] == "gateway is draining"
+        assert httpx.get(gw.probe_url + "/health").status_code == 200
+        t.join(30)
+        assert done["text"].rstrip().endswith("data: [DONE]")
+        assert gw.proc.wait(15) in (0, -signal.SIGTERM)
+
+
+def test_the_probe_port_must_differ_from_the_api_port() -> None:
+    with pytest.raises(ValueError, match="GATEWAY_EDGE__PROBE_PORT"):
+        GatewaySettings(port=8000, edge=EdgeSettings(probe_port=8000))
