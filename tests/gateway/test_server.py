@@ -105,7 +105,13 @@ def test_drain_expiry_ends_each_open_stream_with_one_error_event(
         threads.append(threading.Thread(target=unanswered))
         for t in threads:
             t.start()
-        time.sleep(0.5)  # all three are streaming
+        # All four are in (three streaming, one waiting for its answer; the scrape counts itself)
+        # before the signal closes the listener: a loaded machine may take a while to connect.
+        deadline = time.monotonic() + 10
+        while _in_flight(url) < 5:
+            assert time.monotonic() < deadline, "the requests never all arrived"
+            time.sleep(0.05)
+        time.sleep(0.2)  # and the streams have events out
         os.kill(gw.pid, signal.SIGTERM)
         for t in threads:
             t.join(15)
