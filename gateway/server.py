@@ -51,6 +51,49 @@ def _wake(tick: asyncio.Future[None]) -> None:
         tick.set_result(None)
 
 
+def run(settings: GatewaySettings) -> None:
+    """Start-up: the app and its edge are built from validated settings, then uvicorn serves them
+    until a signal (_DrainingServer below has the rest of the lifecycle)."""
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    app = build_app(settings)
+    state = app.state
+    edge = Edge(settings.edge, state.metrics)
+    check_fd_limit(settings.edge)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        # uvloop + httptools: the C event loop and parser carry the per-event cost.
+        loop="uvloop",
+        # Said, not guessed: GatewayApp's __call__ is not a coroutine function (gateway/app.py).
+        interface="asgi3",
+        # httptools, with the edge's caps and deadlines (gateway/edge/).
+        http=EdgeProtocol.bound(edge),
+        lifespan="on",
+        access_log=False,  # per-request log lines cost more than the proxying itself
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + _BACKSTOP_S,
+        timeout_keep_alive=75,
+        backlog=4096,
+        # No proxy-header rewriting: nothing here uses the client address, and it runs per request.
+        proxy_headers=False,
+    )
+    # The cyclic GC was 12% of the gateway's CPU at 250 streams/s (py-spy --native, bench/real_pace):
+    # each young collection that overflows into the old generations walks every object start-up
+    # made (FastAPI, pydantic, the settings), hundreds of thousands, to free almost nothing: the
+    # relay allocates bytes and short-lived frames, not cycles. freeze() parks the start-up objects
+    # where no collection walks them; the higher first threshold makes young collections rarer.
+    gc.freeze()
+    gc.set_threshold(_GC_GEN0, 20, 20)
+    server = _DrainingServer(config, state, edge)
+    state.metrics.connections_open.set_function(lambda: len(server.server_state.connections))
+    # uvicorn's set of running request tasks: a request counts from its head to its response's end.
+    state.metrics.in_flight.set_function(lambda: len(server.server_state.tasks))
+    server.run()
+
+
 class _DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: GatewayState, edge: Edge | None = None,
                  ) -> None:
@@ -61,20 +104,19 @@ class _DrainingServer(uvicorn.Server):
         self._tick: asyncio.Future[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # The probes' own listener (gateway/edge/probe.py), so that a flood of the API port cannot
+        # take the connections /health and /ready need. Bound before the lifespan starts: a port
+        # in use ends start-up before anything started; it serves once uvicorn's listener does.
+        if self._edge is not None and self._edge.settings.probe_port is not None:
+            try:
+                self._probe = await open_probe_listener(
+                    self.config, self._edge, cast(ASGIApp, self.config.loaded_app))
+            except OSError as exc:
+                log.error("probe listener on port %s: %s", self._edge.settings.probe_port, exc)
+                sys.exit(3)  # uvicorn's STARTUP_FAILURE
         await super().startup(sockets)
-        port = self._state.settings.edge.probe_port
-        if not self.started or port is None or self._edge is None:
-            return
-        # The probes' own listener (gateway/edge/probe.py): a flood of the API port cannot take
-        # the connections /health and /ready need.
-        try:
-            self._probe = await open_probe_listener(
-                self.config, self._edge, cast(ASGIApp, self.config.loaded_app),
-                self.lifespan.state)
-        except OSError as exc:
-            log.error("probe listener on port %s: %s", port, exc)
-            await self.lifespan.shutdown()
-            sys.exit(3)  # uvicorn's STARTUP_FAILURE
+        if self._probe is not None and self.started:
+            await self._probe[0].start_serving()
 
     async def main_loop(self) -> None:
         # Serving: uvicorn's loop wakes every 0.1 s to notice `should_exit` and to refresh the Date
@@ -125,44 +167,3 @@ class _DrainingServer(uvicorn.Server):
         if n:
             log.warning("drain timeout (%ss) expired: ending %d open request(s) with an error",
                         self._state.settings.drain_timeout_s, n)
-
-
-def run(settings: GatewaySettings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    app = build_app(settings)
-    state = app.state
-    edge = Edge(settings.edge, state.metrics)
-    check_fd_limit(settings.edge)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        # uvloop + httptools: the C event loop and parser carry the per-event cost.
-        loop="uvloop",
-        # Said, not guessed: GatewayApp's __call__ is not a coroutine function (gateway/app.py).
-        interface="asgi3",
-        # httptools, with the edge's caps and deadlines (gateway/edge/).
-        http=EdgeProtocol.bound(edge),
-        lifespan="on",
-        access_log=False,  # per-request log lines cost more than the proxying itself
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + _BACKSTOP_S,
-        timeout_keep_alive=75,
-        backlog=4096,
-        # No proxy-header rewriting: nothing here uses the client address, and it runs per request.
-        proxy_headers=False,
-    )
-    # The cyclic GC was 12% of the gateway's CPU at 250 streams/s (py-spy --native, bench/real_pace):
-    # each young collection that overflows into the old generations walks every object start-up
-    # made (FastAPI, pydantic, the settings), hundreds of thousands, to free almost nothing: the
-    # relay allocates bytes and short-lived frames, not cycles. freeze() parks the start-up objects
-    # where no collection walks them; the higher first threshold makes young collections rarer.
-    gc.freeze()
-    gc.set_threshold(_GC_GEN0, 20, 20)
-    server = _DrainingServer(config, state, edge)
-    state.metrics.connections_open.set_function(lambda: len(server.server_state.connections))
-    # uvicorn's set of running request tasks: a request counts from its head to its response's end.
-    state.metrics.in_flight.set_function(lambda: len(server.server_state.tasks))
-    server.run()

@@ -9,7 +9,6 @@ shutdown closes only its own listener: this one stays open through the drain, so
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import Config
@@ -35,10 +34,11 @@ class ProbeApp:
         await self.app(scope, receive, send)
 
 
-async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp, app_state: dict[str, Any],
+async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp,
                               ) -> tuple[asyncio.Server, ServerState]:
-    """Listen on `edge.settings.probe_port`, on the API listener's host, with the edge's limits.
-    Returns the server and its connection set, for the shutdown to close after the drain."""
+    """Bind `edge.settings.probe_port`, on the API listener's host, with the edge's limits; it
+    serves once `start_serving()` is called. Returns the server and its connection set, for the
+    shutdown to close after the drain."""
     assert edge.settings.probe_port is not None
     # The API listener's config, serving ProbeApp: protocols read their app from their config.
     probe = Config(ProbeApp(app), interface="asgi3", lifespan="off", log_config=None,
@@ -47,8 +47,10 @@ async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp, app_stat
     protocol = EdgeProtocol.bound(edge)
 
     def factory() -> asyncio.Protocol:
-        return protocol(config=probe, server_state=state, app_state=app_state)
+        # No lifespan state: the gateway keeps its own in the app (app.state.gateway).
+        return protocol(config=probe, server_state=state, app_state={})
 
     server = await asyncio.get_running_loop().create_server(
-        factory, host=config.host, port=edge.settings.probe_port, backlog=config.backlog)
+        factory, host=config.host, port=edge.settings.probe_port, backlog=config.backlog,
+        start_serving=False)
     return server, state

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,6 +16,7 @@ import pytest
 from bench.fake_upstream import Behaviour, start_in_thread
 from gateway.settings import EdgeSettings, GatewaySettings
 from tests.gateway.edge.conftest import Gateway, edge_gateway
+from tests.ports import free_port
 
 
 def test_the_probe_port_serves_probes_only(gw: Gateway) -> None:
@@ -49,6 +53,20 @@ def test_the_probe_port_answers_through_the_drain() -> None:
         t.join(30)
         assert done["text"].rstrip().endswith("data: [DONE]")
         assert gw.proc.wait(15) in (0, -signal.SIGTERM)
+
+
+def test_a_probe_port_in_use_fails_start_up_before_the_lifespan_starts() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = subprocess.run(
+            [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(free_port()),
+             "--backend", "http://127.0.0.1:9", "--edge.probe-port",
+             str(taken.getsockname()[1])], capture_output=True, text=True, timeout=30,
+            check=False)
+    assert proc.returncode == 3
+    assert "probe listener on port" in proc.stderr and "Traceback" not in proc.stderr
+    assert "Waiting for application startup" not in proc.stderr, proc.stderr
 
 
 def test_the_probe_port_must_differ_from_the_api_port() -> None:
