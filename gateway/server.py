@@ -41,16 +41,6 @@ _GC_GEN0 = 20_000
 _BACKSTOP_S = 1
 
 
-# The serving loop's period: the Date header's resolution (a second) and the exit signal's latency
-# when no signal wakes it (tests that set should_exit directly).
-_TICK_S = 1.0
-
-
-def _wake(tick: asyncio.Future[None]) -> None:
-    if not tick.done():
-        tick.set_result(None)
-
-
 def run(settings: GatewaySettings) -> None:
     """Start-up: the app and its edge are built from validated settings, then uvicorn serves them
     until a signal (_DrainingServer below has the rest of the lifecycle)."""
@@ -101,7 +91,6 @@ class _DrainingServer(uvicorn.Server):
         self._state = state
         self._edge = edge
         self._probe: tuple[asyncio.Server, ServerState] | None = None
-        self._tick: asyncio.Future[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # The probes' own listener (gateway/edge/probe.py), so that a flood of the API port cannot
@@ -118,21 +107,6 @@ class _DrainingServer(uvicorn.Server):
         if self._probe is not None and self.started:
             await self._probe[0].start_serving()
 
-    async def main_loop(self) -> None:
-        # Serving: uvicorn's loop wakes every 0.1 s to notice `should_exit` and to refresh the Date
-        # header once a second. Those ten wake-ups were most of an idle gateway's CPU (2.42 ms a
-        # second, 0.57 without them; a busy loop is awake anyway). This one wakes once a second,
-        # and at once when the exit signal comes (`handle_exit`).
-        loop = asyncio.get_running_loop()
-        while not await self.on_tick(0):  # 0: every tick is a Date refresh (counter % 10)
-            tick = self._tick = loop.create_future()
-            timer = loop.call_later(_TICK_S, _wake, tick)
-            try:
-                await tick
-            finally:
-                timer.cancel()
-                self._tick = None
-
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Step 3: flip readiness before uvicorn stops accepting, then let uvicorn's graceful
         # shutdown (bounded by timeout_graceful_shutdown) wait for in-flight requests.
@@ -140,10 +114,6 @@ class _DrainingServer(uvicorn.Server):
             log.info("signal %s: draining for up to %ss", sig, self._state.settings.drain_timeout_s)
         self._state.draining = True
         super().handle_exit(sig, frame)
-        tick = self._tick
-        if tick is not None:
-            # From a signal handler: through the loop's own wake-up, not into the running code.
-            tick.get_loop().call_soon_threadsafe(_wake, tick)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Step 4: at the drain timeout, end what is still open before uvicorn cuts it.

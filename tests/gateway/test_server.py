@@ -157,50 +157,6 @@ async def test_ready_turns_unready_when_the_drain_starts(upstreams: UpstreamFact
         assert server.should_exit  # and uvicorn's own shutdown was started
 
 
-def test_the_serving_loop_sleeps_and_wakes_on_the_signal(
-        upstreams: UpstreamFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """uvicorn's serving loop wakes ten times a second; the gateway's wakes once per tick and at
-    once on SIGTERM (here the tick is 30 s: only the signal's wake-up can end it in time)."""
-    monkeypatch.setattr("gateway.server._TICK_S", 30.0)
-    port = free_port()
-    settings = GatewaySettings(host="127.0.0.1", port=port, backends=[url_of(upstreams())])
-    app = build_app(settings)
-    server = _DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
-                                            lifespan="on", interface="asgi3"), app.state)
-    ticks = []
-    on_tick = server.on_tick
-
-    async def counted(counter: int) -> bool:
-        ticks.append(counter)
-        return await on_tick(counter)
-
-    server.on_tick = counted  # type: ignore[method-assign]
-    loops: list[asyncio.AbstractEventLoop] = []
-
-    def serve() -> None:
-        async def main() -> None:
-            loops.append(asyncio.get_running_loop())
-            await server.serve()
-        asyncio.run(main())
-
-    # serve() installs signal handlers only in the main thread: here it runs in another, and the
-    # signal handler's call is made on its loop, as the real one runs on the main thread's.
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    time.sleep(1.0)
-    assert len(ticks) == 1  # uvicorn's own loop: ~10 by now
-    t0 = time.monotonic()
-    loops[0].call_soon_threadsafe(server.handle_exit, signal.SIGTERM, None)
-    thread.join(10)
-    assert not thread.is_alive()
-    assert time.monotonic() - t0 < 3
-    assert app.state.draining
-
-
 def _in_flight(url: str) -> float:
     for line in httpx.get(url + "/metrics").text.splitlines():
         if line.startswith("llmserve_requests_in_flight "):
