@@ -85,40 +85,43 @@ def run(settings: GatewaySettings) -> None:
 
 
 class _DrainingServer(uvicorn.Server):
+    """uvicorn's server with the probe listener and the drain. Its own state has class-private
+    names, so that no attribute a later uvicorn adds can collide with it."""
+
     def __init__(self, config: uvicorn.Config, state: GatewayState, edge: Edge | None = None,
                  ) -> None:
         super().__init__(config)
-        self._state = state
-        self._edge = edge
-        self._probe: tuple[asyncio.Server, ServerState] | None = None
+        self.__state = state
+        self.__edge = edge
+        self.__probe: tuple[asyncio.Server, ServerState] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # The probes' own listener (gateway/edge/probe.py), so that a flood of the API port cannot
         # take the connections /health and /ready need. Bound before the lifespan starts: a port
         # in use ends start-up before anything started; it serves once uvicorn's listener does.
-        if self._edge is not None and self._edge.settings.probe_port is not None:
+        if self.__edge is not None and self.__edge.settings.probe_port is not None:
             try:
-                self._probe = await open_probe_listener(
-                    self.config, self._edge, cast(ASGIApp, self.config.loaded_app))
+                self.__probe = await open_probe_listener(
+                    self.config, self.__edge, cast(ASGIApp, self.config.loaded_app))
             except OSError as exc:
-                log.error("probe listener on port %s: %s", self._edge.settings.probe_port, exc)
+                log.error("probe listener on port %s: %s", self.__edge.settings.probe_port, exc)
                 sys.exit(3)  # uvicorn's STARTUP_FAILURE
         await super().startup(sockets)
-        if self._probe is not None and self.started:
-            await self._probe[0].start_serving()
+        if self.__probe is not None and self.started:
+            await self.__probe[0].start_serving()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Step 3: flip readiness before uvicorn stops accepting, then let uvicorn's graceful
         # shutdown (bounded by timeout_graceful_shutdown) wait for in-flight requests.
-        if not self._state.draining:
-            log.info("signal %s: draining for up to %ss", sig, self._state.settings.drain_timeout_s)
-        self._state.draining = True
+        if not self.__state.draining:
+            log.info("signal %s: draining for up to %ss", sig, self.__state.settings.drain_timeout_s)
+        self.__state.draining = True
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Step 4: at the drain timeout, end what is still open before uvicorn cuts it.
         expiry = asyncio.get_running_loop().call_later(
-            self._state.settings.drain_timeout_s, self._expire
+            self.__state.settings.drain_timeout_s, self.__expire
         )
         try:
             await super().shutdown(sockets)
@@ -126,14 +129,14 @@ class _DrainingServer(uvicorn.Server):
             expiry.cancel()
         # Step 5: the probe listener outlives the drain: /ready answers 503 and /health 200 until
         # the end.
-        if self._probe is not None:
-            server, state = self._probe
+        if self.__probe is not None:
+            server, state = self.__probe
             server.close()
             for connection in list(state.connections):
                 connection.shutdown()
 
-    def _expire(self) -> None:
-        n = self._state.inflight.expire()
+    def __expire(self) -> None:
+        n = self.__state.inflight.expire()
         if n:
             log.warning("drain timeout (%ss) expired: ending %d open request(s) with an error",
-                        self._state.settings.drain_timeout_s, n)
+                        self.__state.settings.drain_timeout_s, n)
