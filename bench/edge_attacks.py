@@ -16,7 +16,7 @@ in `+edge` (a checkout that has the edge: the same flags as this one). `--attack
 only the 20k flood, `--rounds N` runs the gateways N times in turn. The current checkout runs with
 `--edge.probe-port` and the head/body timeouts set by `--head-timeout-s`/`--body-timeout-s`
 (short, so the run stays short; the defaults are 10 s and 30 s). The attack functions are also
-what tests/gateway/test_edge.py runs, scaled down.
+what tests/gateway/edge/test_attacks.py runs, scaled down.
 """
 
 from __future__ import annotations
