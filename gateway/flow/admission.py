@@ -10,15 +10,17 @@ the client hears "retry in N s" within milliseconds. The door queues a request o
 - the pool's measured drain rate serves it within half the timeout (the requests ahead of it over
   the completions per second), or
 - the limit is still climbing from a cold start (slow start, see limiter.py) and nothing shows the
-  engines full yet, and the request is within one doubling of the limit: fewer requests ahead of
-  it than are in flight, each of which adds slots when its first token comes back fast.
+  engines full yet, and the request is within the next round trip's growth: fewer requests ahead
+  of it than twice those in flight, each of which adds two slots when its first token comes back
+  fast.
 
 A queued request was promised service within the timeout. If the estimate proves too hopeful
 (usually because the limit was cut while it waited) it is sent at its deadline, above the limit,
 rather than refused after a wasted wait: the overshoot is bounded by the few requests the
 estimate let in (`llmserve_queue_overflows_total`). A request queued on slow start's promise is
-sent at its deadline only if the engines kept up, every request sent before it having had its
-first token; otherwise it is refused then (`queue_timeout`): the engines are full, and sent above
+refused as soon as that promise is seen broken (slow start over, or a request in flight overdue
+for its first token), and at its deadline is sent only if every request sent before it has had
+its first token; otherwise it is refused (`queue_timeout`): the engines are full, and sent above
 the limit it would wait inside them past the target.
 
 Why both promises need this shape: a cold gateway in front of healthy engines must not refuse
@@ -59,9 +61,9 @@ OVERDUE = 1.5
 class Pool:
     """One model's backends as admission sees them: limit, in-flight count, queue, drain rate."""
 
-    __slots__ = ("_clock", "_empty_since", "_metrics", "_overflows", "_pending", "_queue_time",
-                 "_settings", "_weights", "by_tenant", "drain", "in_flight", "limiter", "name",
-                 "queue")
+    __slots__ = ("_clock", "_empty_since", "_metrics", "_overflows", "_pending", "_promised",
+                 "_queue_time", "_settings", "_watch", "_weights", "by_tenant", "drain",
+                 "in_flight", "limiter", "name", "queue")
 
     def __init__(
         self, name: str, settings: FlowSettings, metrics: GatewayMetrics,
@@ -84,6 +86,10 @@ class Pool:
         # In slow start: dispatch times of the requests in flight without a first token yet,
         # oldest first (see `climbing`).
         self._pending: deque[float] = deque()
+        # Requests queued on slow start's promise, and the timer that refuses them as soon as
+        # the promise is seen broken (`_check_promises`).
+        self._promised: list[Waiter] = []
+        self._watch: asyncio.TimerHandle | None = None
         self._empty_since = clock()
         # Admitted requests per tenant (and its weight), for the fair-share check below.
         self.by_tenant: dict[str, int] = {}
@@ -144,11 +150,11 @@ class Pool:
         target = self.limiter.target_s
         ahead = self.queue.ahead_of(tenant.name, cls, tenant.weight)
         # A request queues if the pool's measured drain rate serves it in time, or, while the
-        # limit still climbs from a cold start, if it is within one doubling: the slots the
-        # requests in flight add as their first tokens come back (`promised`).
+        # limit still climbs from a cold start, if it is within the slots the requests in flight
+        # add as their first tokens come back fast, two each (`promised`).
         served = rate > 0.0 and (expected_wait(ahead, rate, limit, target)
                                  <= s.queue_timeout_s * QUEUE_HEADROOM)
-        promised = not served and ahead < self.in_flight and self._climbing()
+        promised = not served and ahead < 2 * self.in_flight and self._climbing()
         if not (served or promised):
             raise self._refuse("queue_wait", ahead, rate)
         loop = asyncio.get_running_loop()
@@ -163,6 +169,9 @@ class Pool:
         # it out of the queue, and answering it again would raise InvalidStateError right here.
         if evicted is not None and not evicted.future.done():
             evicted.future.set_exception(self._refuse("queue_full", len(self.queue), rate))
+        if promised:
+            self._promised.append(w)
+            self._check_promises()
         try:
             async with asyncio.timeout(s.queue_timeout_s):
                 await w.future
@@ -201,6 +210,33 @@ class Pool:
         the engines have shown they keep up with the climb."""
         pending = self._pending
         return self.limiter.slow_start and (not pending or pending[0] > since)
+
+    def _check_promises(self) -> None:
+        """Refuse the requests queued on slow start's promise as soon as it is broken (slow start
+        over, or the oldest request in flight overdue for its first token), rather than at their
+        deadline; until then look again when that request becomes overdue."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        waiting = [w for w in self._promised if not w.future.done()]
+        self._promised = waiting
+        if not waiting:
+            return
+        first = self.limiter.first_token_s
+        pending = self._pending
+        if self.limiter.slow_start:
+            if first <= 0.0 or not pending:
+                return  # nothing to judge yet: the next first token looks again
+            wait = pending[0] + OVERDUE * first - self._clock()
+            if wait > 1e-6:
+                self._watch = asyncio.get_running_loop().call_later(wait, self._check_promises)
+                return
+        self._promised = []
+        for w in waiting:
+            self.queue.remove(w)
+            self._queue_time.observe(self._clock() - w.enqueued)
+            w.future.set_exception(
+                self._refuse("queue_timeout", len(self.queue), self.drain.current()))
 
     def release(self, tenant: str = ANONYMOUS) -> None:
         self.in_flight -= 1
@@ -241,6 +277,8 @@ class Pool:
                 pending.popleft()  # first tokens come back about in dispatch order
             else:
                 pending.clear()
+        if self._promised:
+            self._check_promises()
 
     def _grew(self, before: int) -> None:
         grown = self.limiter.limit - before

@@ -40,7 +40,7 @@ def test_a_burst_gets_200s_and_fast_503s_only(stack: LocalStack, model_name: str
     after = door_refusals()
     statuses = [s for s, _, _ in results]
     assert set(statuses) <= {200, 503}, statuses
-    # The pool's limit starts at 64 with a short queue: most of 160 at once must be refused ...
+    # The pool's limit starts at 24 and queues one doubling: most of 160 at once are refused ...
     assert 16 <= statuses.count(200) < 160 and statuses.count(503) > 0, statuses
     refusals, served = [], []
     for status, elapsed, r in results:

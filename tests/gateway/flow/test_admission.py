@@ -11,6 +11,7 @@ from gateway.flow.keys import ApiKey
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
 from tests.gateway.flow.conftest import FakeClock
+from tests.gateway.flow.simulation import run_virtual
 
 
 def admission(clock: FakeClock | None = None, **kw: object) -> tuple[Admission, GatewayMetrics]:
@@ -280,9 +281,9 @@ async def test_pushing_out_a_request_that_is_leaving_anyway_does_not_fail_the_ne
     await asyncio.gather(older, newcomer, return_exceptions=True)
 
 
-async def test_a_cold_pool_queues_one_doubling_and_the_first_tokens_serve_it() -> None:
+async def test_a_cold_pool_queues_a_round_trips_growth_and_the_first_tokens_serve_it() -> None:
     # Engines answering first tokens at 0.1 s against a 3 s target: each adds two slots, so a
-    # queue as long as what is in flight is served a round trip later, although nothing has
+    # queue twice as long as what is in flight is served a round trip later, although nothing has
     # completed yet (a cold gateway at 400 streams/s must not refuse what its engines serve).
     clock = FakeClock()
     adm, m = admission(clock, initial_limit=8, max_limit=64, ttft_target_s=4.0,
@@ -292,44 +293,50 @@ async def test_a_cold_pool_queues_one_doubling_and_the_first_tokens_serve_it() -
     sent = clock()
     for _ in range(8):
         assert pool.try_acquire()
-    queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(8)]
+    queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(16)]
     await asyncio.sleep(0)
-    assert len(pool.queue) == 8
-    with pytest.raises(Unavailable):  # beyond one doubling: refused at once
+    assert len(pool.queue) == 16
+    with pytest.raises(Unavailable):  # beyond the next round trip's growth: refused at once
         await pool.acquire(t, 1)
     assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_wait") == 1
     clock.advance(0.1)
-    for _ in range(4):
+    for _ in range(8):
         pool.sample(0.1, sent)
     await asyncio.wait_for(asyncio.gather(*queued), 1)
-    assert (pool.limiter.limit, pool.in_flight, len(pool.queue)) == (16, 16, 0)
+    assert (pool.limiter.limit, pool.in_flight, len(pool.queue)) == (24, 24, 0)
 
 
-async def test_slow_starts_promise_is_refused_at_its_deadline_when_the_engines_fall_behind(
-) -> None:
-    # Queued on the climb's promise, but the requests sent before it never answer: the engines are
-    # full, and sent above the limit it would wait inside them past the target. Refused then.
-    clock = FakeClock()
-    adm, m = admission(clock, initial_limit=4, max_limit=64, ttft_target_s=0.4,
-                       queue_timeout_s=0.05, max_queue=100)
-    pool = adm.pool("demo")
-    t = adm.tenants.for_key(None)
-    sent = clock()
-    for _ in range(4):
-        assert pool.try_acquire()
-    queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(4)]
-    await asyncio.sleep(0)
-    assert len(pool.queue) == 4
-    clock.advance(0.05)
-    pool.sample(0.05, sent)  # one first token, fast: two slots for the queue
-    clock.advance(0.05)  # the other three are overdue now (1.5 x 0.05 s)
-    with pytest.raises(Unavailable):  # no longer climbing: nothing more is promised
-        await pool.acquire(t, 1)
-    results = await asyncio.gather(*queued, return_exceptions=True)
+def test_slow_starts_promise_is_refused_once_broken_not_at_the_deadline() -> None:
+    # Queued on the climb's promise, but the requests sent with the first one never answer: the
+    # engines are full, and sent above the limit a request would wait inside them past the
+    # target. Refused when the oldest is overdue (1.5 x the first token), well before the 1 s
+    # deadline. On virtual time: the pool's clock is the loop's.
+
+    async def scenario() -> tuple[list[object], float, Admission, GatewayMetrics]:
+        loop = asyncio.get_running_loop()
+        m = GatewayMetrics()
+        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
+                                     ttft_target_s=2.0, queue_timeout_s=1.0, max_queue=100),
+                        m, loop.time)
+        pool = adm.pool("demo")
+        t = adm.tenants.for_key(None)
+        sent = loop.time()
+        for _ in range(4):
+            assert pool.try_acquire()
+        queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(8)]
+        await asyncio.sleep(0.05)
+        assert len(pool.queue) == 8
+        pool.sample(0.05, sent)  # one first token, fast: two slots for the queue
+        results = await asyncio.gather(*queued, return_exceptions=True)
+        return results, loop.time() - sent, adm, m
+
+    results, took, adm, m = run_virtual(scenario)
     refused = [r for r in results if isinstance(r, Unavailable)]
-    assert len(refused) == 2 and all(r.retry_after for r in refused)
+    assert len(refused) == 6 and all(r.retry_after for r in refused)
+    assert took == pytest.approx(0.075)  # the other three sent at once are overdue then
+    pool = adm.pool("demo")
     assert pool.in_flight == 6 and len(pool.queue) == 0
-    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_timeout") == 2
+    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_timeout") == 6
     assert sample(m, "llmserve_queue_overflows_total", pool="demo") == 0
 
 
