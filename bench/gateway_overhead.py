@@ -179,7 +179,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--latency-requests", type=int, default=400)
     p.add_argument("--also", action="append", default=[], metavar="NAME=EXTRA_ARGS",
-                   help="another gateway to measure, e.g. aiohttp='--transport aiohttp'")
+                   help="another gateway to measure, e.g. rr='--routing-policy round_robin'")
     p.add_argument("--flow", action="store_true",
                    help="measure flow control off, batcher only and fully on (see above)")
     p.add_argument("--redis-url", default=None,

@@ -29,7 +29,6 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.factory import build_router
 from gateway.routing.router import Router
 from gateway.settings import GatewaySettings, layouts_by_model
-from gateway.transport.aiohttp_transport import AiohttpTransport
 from gateway.transport.base import Transport
 from gateway.transport.h1 import H1Transport
 from gateway.transport.prober import HttpProber
@@ -86,8 +85,7 @@ def build_app(
     router: Router | None = None,
 ) -> GatewayApp:
     if transport is None:
-        transport = (H1Transport(settings.timeouts) if settings.transport == "h1"
-                     else AiohttpTransport(settings.timeouts))
+        transport = H1Transport(settings.timeouts)
     # Probes share the connect deadline: a replica that cannot accept a connection that fast is
     # not one we want to route to.
     prober = HttpProber(transport, timeout_s=max(settings.timeouts.connect_s, 1.0))

@@ -264,9 +264,6 @@ class GatewaySettings(BaseSettings):
     k8s_service: str | None = Field(None, description="worker Service name (discovery=kubernetes)")
     k8s_port: int = Field(8000, ge=1, le=65535, description="backend port (discovery=kubernetes)")
 
-    transport: Literal["h1", "aiohttp"] = Field(
-        "h1", description="upstream HTTP client: h1 (httptools, fastest) or aiohttp"
-    )
     routing_policy: PolicyName = Field(
         # The default since it met the issue-12 targets on real engines (docs/routing.md).
         "prefix_affinity",

@@ -1,8 +1,7 @@
 """The upstream transport interface: how the gateway talks HTTP to an engine.
 
-The proxy and the health prober depend only on these two small protocols, so the HTTP client can be
-swapped (`h1`, the httptools client, is the default: it beat the aiohttp one on the overhead
-benchmark, docs/benchmarks.md) and tests can substitute a transport without a network.
+The proxy and the health prober depend only on these two small protocols (implemented by
+transport/h1.py), so tests can substitute a transport without a network.
 """
 
 from __future__ import annotations

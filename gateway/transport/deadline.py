@@ -1,8 +1,8 @@
 """One lazily re-armed timer per upstream request: first byte, inter-chunk idle, total.
 
-aiohttp's `sock_read` timeout cancels and re-arms a timer on every received chunk. Here the reader
-records the time of the last chunk (one clock read and a float store per chunk) and a single timer
-wakes up lazily, re-arming itself only when it finds the deadline moved.
+Rather than re-arming a timer per received chunk, the reader records the time of the last chunk
+(one clock read and a float store) and a single timer re-arms itself only when it finds the
+deadline moved.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Both transports' deadlines and failure mapping, against a real loopback HTTP server."""
+"""The h1 transport's contract: deadlines, failure mapping, keep-alive and push, against real
+loopback HTTP servers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from aiohttp import web
 
 from gateway.errors import UpstreamFailed, UpstreamTimeout
 from gateway.settings import Timeouts
-from gateway.transport.aiohttp_transport import AiohttpTransport
 from gateway.transport.base import Transport
 from gateway.transport.h1 import H1Transport
 
@@ -44,11 +44,11 @@ async def server() -> AsyncIterator[str]:
     await runner.cleanup()
 
 
-@pytest.fixture(params=[H1Transport, AiohttpTransport], ids=["h1", "aiohttp"])
-def transport(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+@pytest.fixture
+def transport():  # type: ignore[no-untyped-def]
     def make(**kw: float) -> Transport:
-        return request.param(Timeouts(**{"connect_s": 1, "first_byte_s": 5, "idle_s": 5,  # type: ignore[no-any-return]
-                                         "total_s": 10, **kw}))
+        return H1Transport(Timeouts(**{"connect_s": 1, "first_byte_s": 5, "idle_s": 5,
+                                       "total_s": 10, **kw}))
     return make
 
 
