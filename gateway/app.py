@@ -7,14 +7,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.auth import AuthMiddleware
 from gateway.api.deps import ProxyDeps
-from gateway.api.inflight import InFlight
 from gateway.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.api.openapi import openapi_schema
 from gateway.api.proxy import ProxyEndpoint
@@ -23,13 +21,11 @@ from gateway.api.routes import build_routes
 from gateway.errors import MethodNotAllowed, install_handlers, send_error
 from gateway.flow.admission import Admission
 from gateway.flow.batcher import Batcher
-from gateway.flow.keys import KeyStore, load_keys
+from gateway.flow.keys import load_keys
 from gateway.flow.pressure import PressureWatch
 from gateway.metrics import GatewayMetrics
 from gateway.routing.factory import build_router
-from gateway.routing.router import Router
 from gateway.settings import GatewaySettings, layouts_by_model
-from gateway.transport.base import Transport
 from gateway.transport.h1 import H1Transport
 from gateway.transport.prober import HttpProber
 
@@ -39,19 +35,17 @@ log = logging.getLogger("gateway")
 class FastLane:
     """POST /v1/chat/completions and /v1/completions go straight to the proxy; the rest to FastAPI.
 
-    Why: FastAPI/Starlette wrap `send` three times (server errors, exceptions, exit stack), and a
-    wrapper on `send` runs once per SSE event. The proxy owns its error handling (OpenAI shape,
-    in-band stream errors), so those layers add cost and nothing else on this path (measured with
-    bench/gateway_overhead.py).
+    FastAPI/Starlette wrap `send` three times, and a wrapper on `send` runs once per SSE event;
+    the proxy owns its error handling (OpenAI shape, in-band stream errors), so on this path those
+    layers would add cost and nothing else.
     """
 
     def __init__(self, app: ASGIApp, endpoints: dict[str, ProxyEndpoint]) -> None:
         self.app = app
         self.endpoints = endpoints
 
-    # A plain function handing back the chosen app's coroutine, not a coroutine awaiting it: every
-    # time the proxy's task suspends or resumes, each coroutine frame between it and the server
-    # is passed through again (several times per request).
+    # A plain function handing back the chosen app's awaitable: no coroutine frame of its own for
+    # every suspension and resumption of the request to pass through.
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         if scope["type"] == "http":
             endpoint = self.endpoints.get(scope["path"])
@@ -65,35 +59,14 @@ class FastLane:
         return self.app(scope, receive, send)
 
 
-@dataclass
-class GatewayState:
-    settings: GatewaySettings
-    transport: Transport
-    router: Router
-    metrics: GatewayMetrics
-    admission: Admission | None = None
-    keys: KeyStore | None = None
-    draining: bool = field(default=False)
-    # The proxy's open requests: the drain ends them in-band when its timeout expires.
-    inflight: InFlight = field(default_factory=InFlight)
-
-
-def build_app(
-    settings: GatewaySettings,
-    *,
-    transport: Transport | None = None,
-    router: Router | None = None,
-) -> GatewayApp:
-    if transport is None:
-        transport = H1Transport(settings.timeouts)
+def build_app(settings: GatewaySettings) -> GatewayApp:
+    transport = H1Transport(settings.timeouts)
     # Probes share the connect deadline: a replica that cannot accept a connection that fast is
     # not one we want to route to.
-    prober = HttpProber(transport, timeout_s=max(settings.timeouts.connect_s, 1.0))
-    router = router or build_router(settings, prober)
+    router = build_router(settings, HttpProber(transport, max(settings.timeouts.connect_s, 1.0)))
     metrics = GatewayMetrics()
     metrics.backends.view = router.backend_states
-    if isinstance(transport, H1Transport):
-        metrics.upstream_connections.view = transport.connections_opened
+    metrics.upstream_connections.view = transport.connections_opened
     for layout in settings.pools:
         metrics.pool_info.labels(layout.name, layout.model, str(layout.tp), str(layout.pp),
                                  str(layout.nodes)).set(1)
@@ -101,7 +74,7 @@ def build_app(
     # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
     keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
     admission = Admission(settings.flow, metrics) if settings.flow.enabled else None
-    state = GatewayState(settings, transport, router, metrics, admission, keys)
+    state = ProxyDeps(settings, router, transport, metrics, admission)
     pressure = (PressureWatch(settings.flow, admission, router.backends, transport)
                 if admission is not None and settings.flow.scrape_engines else None)
 
@@ -138,8 +111,8 @@ def build_app(
                 await pressure.stop()
             if admission is not None:
                 await admission.close()
-            if deps.batcher is not None:
-                await deps.batcher.close()
+            if state.batcher is not None:
+                await state.batcher.close()
             await router.stop()
             await transport.close()
 
@@ -147,23 +120,20 @@ def build_app(
     # The written document (api/openapi.py): FastAPI cannot see the fast lane's endpoints.
     document = openapi_schema(app.title, app.version)
     app.openapi = lambda: document  # type: ignore[method-assign]
-    app.state.gateway = state
     install_handlers(app)
 
-    deps = ProxyDeps(settings, router, transport, state.metrics, admission,
-                     inflight=state.inflight)
     if settings.batch.enabled:
-        deps.batcher = Batcher(
-            settings.batch, metrics, make_upstream_call(deps, "/v1/completions"),
+        state.batcher = Batcher(
+            settings.batch, metrics, make_upstream_call(state, "/v1/completions"),
             queued=admission.queued if admission is not None else lambda _: 0,
         )
     app.include_router(
-        build_routes(router, state.metrics, lambda: state.draining, settings.health_interval_s,
+        build_routes(router, metrics, lambda: state.draining, settings.health_interval_s,
                      layouts_by_model(settings.pools))
     )
     lane = FastLane(app, {
-        "/v1/chat/completions": ProxyEndpoint(deps, "/v1/chat/completions", "chat"),
-        "/v1/completions": ProxyEndpoint(deps, "/v1/completions", "completion"),
+        "/v1/chat/completions": ProxyEndpoint(state, "/v1/chat/completions", "chat"),
+        "/v1/completions": ProxyEndpoint(state, "/v1/completions", "completion"),
     })
     # Outermost first at request time: request id, body limit, auth (only with a keys file: no
     # keys, no layer), then the lanes. Each hands back the next one's awaitable (no coroutine
@@ -176,13 +146,11 @@ def build_app(
 class GatewayApp:
     """The ASGI app uvicorn serves: middleware around the fast lane and the FastAPI app.
 
-    An ASGI 3 app whose `__call__` is a plain function handing back the middleware's awaitable:
-    a coroutine here would be one more frame that every suspension and resumption of every
-    request passes through (measured with bench.paired_cpu, docs/benchmarks.md). uvicorn tells
-    ASGI 3 from ASGI 2 by a coroutine `__call__`, so a uvicorn.Config serving this must say
+    Its `__call__` hands back the middleware's awaitable, as FastLane's does. uvicorn tells ASGI 3
+    from ASGI 2 by a coroutine `__call__`, so a uvicorn.Config serving this must say
     `interface="asgi3"` (gateway/server.py does)."""
 
-    def __init__(self, asgi: ASGIApp, api: FastAPI, state: GatewayState) -> None:
+    def __init__(self, asgi: ASGIApp, api: FastAPI, state: ProxyDeps) -> None:
         self._asgi = asgi
         self.api = api
         self.state = state

@@ -27,7 +27,8 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
-from gateway.app import GatewayState, build_app
+from gateway.api.deps import ProxyDeps
+from gateway.app import build_app
 from gateway.edge import Edge, EdgeProtocol, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
 
@@ -55,26 +56,21 @@ def run(settings: GatewaySettings) -> None:
         app,
         host=settings.host,
         port=settings.port,
-        # uvloop + httptools: the C event loop and parser carry the per-event cost.
         loop="uvloop",
         # Said, not guessed: GatewayApp's __call__ is not a coroutine function (gateway/app.py).
         interface="asgi3",
         # httptools, with the edge's caps and deadlines (gateway/edge/).
         http=EdgeProtocol.bound(edge),
         lifespan="on",
-        access_log=False,  # per-request log lines cost more than the proxying itself
+        access_log=False,  # a log line per request would cost more than the proxying
         log_level=settings.log_level,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + _BACKSTOP_S,
         timeout_keep_alive=75,
         backlog=4096,
-        # No proxy-header rewriting: nothing here uses the client address, and it runs per request.
-        proxy_headers=False,
+        proxy_headers=False,  # nothing here uses the client address
     )
-    # The cyclic GC was 12% of the gateway's CPU at 250 streams/s (py-spy --native, bench/real_pace):
-    # each young collection that overflows into the old generations walks every object start-up
-    # made (FastAPI, pydantic, the settings), hundreds of thousands, to free almost nothing: the
-    # relay allocates bytes and short-lived frames, not cycles. freeze() parks the start-up objects
-    # where no collection walks them; the higher first threshold makes young collections rarer.
+    # The relay makes few cycles, but older-generation collections would walk every start-up
+    # object (docs/benchmarks.md, where the CPU goes): freeze those, and collect young rarely.
     gc.freeze()
     gc.set_threshold(_GC_GEN0, 20, 20)
     server = _DrainingServer(config, state, edge)
@@ -88,7 +84,7 @@ class _DrainingServer(uvicorn.Server):
     """uvicorn's server with the probe listener and the drain. Its own state has class-private
     names, so that no attribute a later uvicorn adds can collide with it."""
 
-    def __init__(self, config: uvicorn.Config, state: GatewayState, edge: Edge | None = None,
+    def __init__(self, config: uvicorn.Config, state: ProxyDeps, edge: Edge | None = None,
                  ) -> None:
         super().__init__(config)
         self.__state = state

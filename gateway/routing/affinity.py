@@ -1,46 +1,20 @@
 """Prefix affinity: send a prompt where its prefix already sits in a KV cache, within a load bound.
 
-vLLM reuses the KV cache of a prefix it has seen (automatic prefix caching), so a chat session's
-next turn is cheap on the replica that served its last one and a full prefill anywhere else. The
-policy works from the request alone, without engine changes:
+vLLM reuses the KV cache of a prefix it has seen, so a chat session's next turn is cheap on the
+replica that served its last one. docs/routing.md has the design and its measurements; in short:
 
-- The prompt (the chat messages as JSON, or the completion prompt) is hashed in fixed-size byte
-  chunks, each hash covering everything before it (a running CRC-32). Turn N's prompt starts with
-  turn N-1's, so it contains turn N-1's chunk hashes. An explicit key (a session header, the
-  `user` field) replaces the prefix when the caller gives one.
-- Learned: an LRU table, capped by `max_entries`, maps chunk hashes to the replica that served
-  them. Only checkpoints are stored (chunks 1, 2, 4, 8, ... and the last), so a prompt costs
-  O(log n) entries, yet a later turn still finds its previous turn's last chunk.
-- A prompt whose longest known prefix lives on an available replica goes there (a hit) unless that
-  replica would exceed `(1 + balance)` x the mean load (consistent hashing with bounded loads,
-  Mirrokni et al. 2018; the cap is rounded up, as there), plus `slack` requests, plus one request
-  per `miss_cost_bytes` of the prefix it holds. That last term weighs what leaving costs: on one
-  vLLM-CPU core a cold prefill of a ~3 KB chat prompt stalls every request batched with it for
-  about as long as 3 cached turns queued ahead. Without it, two replicas at 4 in flight have a
-  cap of 3, and cached turns went cold elsewhere (the benchmark in docs/routing.md). The term is
-  absolute, the bound relative: at high load the bound rules.
-- A miss has no cache to win, so it never takes a replica above the mean load. Among those at or
-  under it: its consistent-hash home (a ring over the candidates, keyed by its first chunk),
-  unless the home has taken in more than this prompt's bytes beyond the least filled of them
-  (each cache's `footprint`: the prompt bytes it was sent and did not hold), else that least
-  filled one. The ring alone split 48 sessions 13/35 over two replicas in a test: one engine's
-  cache overflowed (an LRU cycled by a round of sessions keeps none of them) while the other's
-  sat half empty; the footprint keeps the split within one session and most keys at their home.
-  No fallback ever sends a miss to a replica over the mean (SGLang's "death spiral").
-- Load is the gateway's own in-flight count per replica, taken at pick time (the caller acquires
-  at once), so a burst cannot pile onto one replica before its load shows (vllm-router's case).
-- One shared system prompt: every request hits the same shallow entry, the bound spills the excess
-  to other replicas, and each turn re-records where it went, so sessions then follow their own,
-  deeper prefixes (the hot-spot case in the tests).
-- A replica's cache dies with its engine. The router gives each replica a new `CacheLife` token
-  when its health probe fails (a vLLM restart takes minutes; probes run every few seconds), and a
-  new Backend object when discovery drops and re-adds it. Entries remember the token, so a stale
-  entry is a miss the moment it is looked up, with no scan; it counts as a key moved. A restart
-  faster than one probe interval would go unseen until the next turn misses in the engine. A new
-  life's footprint starts at 0 and is raised to `_FOOTPRINT_WINDOW` below the largest, so an
-  empty cache takes new prefixes first, but only until it has caught up that far.
-- Membership: the ring has `_VNODES` points per replica, so a join or a leave moves about 1/N of
-  the ring's keys; learned entries stay with the replica that holds the cache.
+- The prompt is hashed in fixed-size chunks, each hash covering everything before it (a running
+  CRC-32), so turn N+1 contains turn N's hashes. An explicit key (a session header, the `user`
+  field) replaces the prefix when the caller gives one.
+- An LRU table (`max_entries`) maps checkpoint hashes (chunks 1, 2, 4, 8, ... and the last) to the
+  `CacheLife` of the replica that served them. The router gives a replica a new one when its
+  probe fails or it rejoins, so an entry about a lost cache is a miss, without a scan.
+- A hit goes to its replica unless that would exceed `(1 + balance)` x the mean load (consistent
+  hashing with bounded loads), plus `slack`, plus one request per `miss_cost_bytes` of the prefix
+  it holds (what leaving would cost in prefill).
+- A miss never takes a replica above the mean load: it goes to its consistent-hash home among
+  those at or under it, unless the home's cache took in more than this prompt beyond the least
+  filled one (`footprint`); then to that one.
 """
 
 from __future__ import annotations
@@ -60,8 +34,7 @@ from gateway.settings import AffinitySettings
 # Ring points per replica: the spread of key shares across replicas falls as 1/sqrt(vnodes).
 _VNODES = 160
 # How far a replica's footprint may lag the largest: one that rejoins, or restarts empty, takes
-# new prefixes first until it has caught up this much (1 MiB of prompt: ~250k tokens, more than
-# one engine's cache holds on vLLM-CPU and about one on a GPU), not for the whole uptime.
+# new prefixes first until it has caught up this much (about one engine's cache), not for ever.
 _FOOTPRINT_WINDOW = 1 << 20
 _RING_CACHE = 16  # rings kept for candidate sets seen (the full pool, minus one ejected, ...)
 
@@ -72,8 +45,7 @@ def prefix_hashes(data: bytes, chunk: int, max_chunks: int) -> list[int]:
     """Running CRC-32 at the end of each whole `chunk` of `data` (at most `max_chunks`).
 
     A tail shorter than a chunk is left out: the next turn extends it, so its hash would never
-    match again. CRC-32 rather than a cryptographic hash: it is one C call per chunk over a
-    memoryview, with no copy, and a rare collision only costs one cache miss."""
+    match again. CRC-32: one C call per chunk, and a rare collision only costs one cache miss."""
     n = min(len(data) // chunk, max_chunks)
     out: list[int] = []
     if n == 0:
