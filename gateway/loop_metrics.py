@@ -1,18 +1,16 @@
 """Metric families updated on the event loop only: plain numbers, no lock per update.
 
-prometheus_client guards every value with a lock, because a metric may be updated from any thread:
-a labelled histogram observation takes two lock round trips, a counter increment one. The proxy
-updates about fifteen values per request, all on the event loop, so those locks were about a tenth
-of the gateway's own Python per request (`python -m bench.inproc_cost --profile`). These families
-keep the same exposition (names, `_total`, `_bucket{le}`, `_sum`, `_count`), built when Prometheus
-scrapes; they are only for values the event loop alone writes. A scrape served from another
-thread may read a histogram between its bucket and its sum, as prometheus_client's own can.
+prometheus_client guards every value with a lock, since any thread may update it; the proxy
+updates about fifteen values per request, all on the event loop. These families keep the same
+exposition (names, `_total`, `_bucket{le}`, `_sum`, `_count`), built when Prometheus scrapes, and
+are only for values the event loop alone writes. A scrape from another thread may read a
+histogram between its bucket and its sum, as prometheus_client's own can.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
@@ -45,24 +43,9 @@ class HistogramValue:
         self.sum += value
 
     def observe_many(self, values: Iterable[float]) -> None:
-        """Many observations in one call (a stream's inter-token gaps, at its end).
-
-        Sorted first, so the Python loop runs over the buckets the values span (two or three for
-        a stream's gaps), not over the values: 64 gaps cost 1.7 us instead of 4.1 (hot)."""
-        ordered = sorted(values)
-        if not ordered:
-            return
-        bounds, counts = self.bounds, self.counts
-        i = bisect_left(bounds, ordered[0])
-        top = bisect_left(bounds, ordered[-1])
-        below = 0  # values at or under bounds[i - 1], i.e. counted in earlier buckets
-        while i < top:
-            upto = bisect_right(ordered, bounds[i])
-            counts[i] += upto - below
-            below = upto
-            i += 1
-        counts[top] += len(ordered) - below
-        self.sum += sum(ordered)
+        """Many observations in one call (a stream's inter-token gaps, at its end)."""
+        for v in values:
+            self.observe(v)
 
 
 V = TypeVar("V", CounterValue, HistogramValue)

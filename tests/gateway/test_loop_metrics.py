@@ -5,11 +5,9 @@ unaffected by which one a series uses."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from gateway.loop_metrics import HistogramValue, LoopCounter, LoopHistogram
+from gateway.loop_metrics import LoopCounter, LoopHistogram
 
 
 def exposition(registry: CollectorRegistry) -> list[str]:
@@ -53,19 +51,3 @@ def test_wrong_label_count_is_refused_and_names_are_unique_per_registry() -> Non
         c.labels("demo", "extra")
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         Counter("requests", "doc", ["model"], registry=r)
-
-
-_BOUNDS = (0.001, 0.0025, 0.01, 0.02, 0.025, 0.1, 1.0)
-
-
-@given(st.lists(st.one_of(st.sampled_from((0.0, *_BOUNDS, 7.0)),
-                          st.floats(min_value=0, max_value=10, allow_nan=False)), max_size=80))
-def test_observe_many_counts_as_one_observe_per_value(values: list[float]) -> None:
-    # observe_many buckets by sorting (its Python loop runs over buckets, not values); values equal
-    # to a bound, below the first and above the last must land where observe puts them.
-    many, one = HistogramValue(_BOUNDS), HistogramValue(_BOUNDS)
-    many.observe_many(values)
-    for v in values:
-        one.observe(v)
-    assert many.counts == one.counts
-    assert many.sum == pytest.approx(one.sum)
