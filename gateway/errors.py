@@ -190,21 +190,11 @@ def normalize_upstream_error(status: int, body: bytes, request_id: str = "-") ->
     except orjson.JSONDecodeError:
         data = None
     err = data.get("error") if isinstance(data, dict) else None
+    if not (isinstance(err, dict) and isinstance(err.get("message"), str)):
+        err = data  # older vLLM: {"object": "error", "message": ..., "type": ..., "code": 400}
     if isinstance(err, dict) and isinstance(err.get("message"), str):
-        return error_body(
-            err["message"],
-            str(err.get("type") or _type_for(status)),
-            _str_or_none(err.get("param")),
-            _str_or_none(err.get("code")),
-        )
-    if isinstance(data, dict) and isinstance(data.get("message"), str):
-        # Older vLLM: {"object": "error", "message": ..., "type": ..., "code": 400}
-        return error_body(
-            data["message"],
-            str(data.get("type") or _type_for(status)),
-            _str_or_none(data.get("param")),
-            _str_or_none(data.get("code")),
-        )
+        return error_body(err["message"], str(err.get("type") or _type_for(status)),
+                          _str_or_none(err.get("param")), _str_or_none(err.get("code")))
     # Not an error object (an HTML page from a proxy in front of the engine, say): never relayed,
     # the log has it.
     if body.strip():

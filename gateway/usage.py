@@ -1,15 +1,16 @@
 """Token usage as an upstream reports it, validated once for every path that counts it.
 
-An OpenAI-compatible upstream is not trusted to send well-formed usage: a string ("abc"), a
-negative number or a missing field once gave a 500, a truncated stream (the SSE relay raised
-mid-stream) or a `ValueError` from a Prometheus counter. Now such usage is *unknown*: the answer is
-relayed untouched, no tokens are counted (neither in the token metrics nor against a key's TPM),
-and `llmserve_upstream_usage_invalid_total` says how often it happened.
+An OpenAI-compatible upstream is not trusted to send well-formed usage. Usage that is not two
+non-negative integers is *unknown*: the answer is relayed untouched, no tokens are counted
+(neither in the token metrics nor against a key's TPM), and
+`llmserve_upstream_usage_invalid_total` says how often it happened.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import orjson
 
 
 def usage_counts(usage: Any) -> tuple[int, int] | None:
@@ -23,3 +24,12 @@ def usage_counts(usage: Any) -> tuple[int, int] | None:
             or prompt < 0 or completion < 0):
         return None
     return prompt, completion
+
+
+def body_usage(body: bytes) -> tuple[int, int] | None:
+    """`usage_counts` of a whole JSON answer; None when the body is not a JSON object."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return usage_counts(obj.get("usage")) if isinstance(obj, dict) else None

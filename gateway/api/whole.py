@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-import orjson
 from starlette.types import Send
 
 from gateway.api.accounting import count_usage, log_failure
@@ -20,7 +19,7 @@ from gateway.flow.batcher import Batcher
 from gateway.flow.tenants import Tenant
 from gateway.routing.backend import Backend
 from gateway.transport.base import UpstreamResponse
-from gateway.usage import usage_counts
+from gateway.usage import body_usage
 
 
 async def send_json(send: Send, status: int, body: bytes) -> None:
@@ -47,11 +46,7 @@ async def relay_whole(
     series = m.series(req.model)
     series.e2e.observe(asyncio.get_running_loop().time() - started)
     series.request(backend.url, "200")
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        obj = None
-    counts = usage_counts(obj.get("usage")) if isinstance(obj, dict) else None
+    counts = body_usage(body)
     count_usage(m, req.model, tenant, counts)
     if pool is not None and counts is not None:
         # The other request class: the whole latency, judged per generated token.

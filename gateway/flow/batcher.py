@@ -31,7 +31,7 @@ import orjson
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.settings import BatchSettings
-from gateway.usage import usage_counts
+from gateway.usage import body_usage, usage_counts
 
 log = logging.getLogger("gateway.batcher")
 
@@ -172,7 +172,7 @@ class Batcher:
         status, raw, backend = await self._call(batch.model, body)
         result = BatchResult(status, raw, backend=backend)
         if status == 200:
-            usage = _usage(raw)
+            usage = body_usage(raw)
             if usage is None:
                 result.usage_known = False
             else:
@@ -200,14 +200,6 @@ class Batcher:
             result.backend = backend
             if not mem.future.done():
                 mem.future.set_result(result)
-
-
-def _usage(raw: bytes) -> tuple[int, int] | None:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return usage_counts(obj.get("usage")) if isinstance(obj, dict) else None
 
 
 def split(raw: bytes, prompts: list[str], keep_token_ids: bool) -> list[BatchResult]:
