@@ -17,15 +17,12 @@ from time import monotonic
 class TokenBucket:
     __slots__ = ("_clock", "_last", "capacity", "level", "rate")
 
-    def __init__(
-        self, per_minute: float, *, burst: float | None = None,
-        clock: Callable[[], float] = monotonic,
-    ) -> None:
+    def __init__(self, per_minute: float, *, clock: Callable[[], float] = monotonic) -> None:
         if per_minute <= 0:
             raise ValueError("TokenBucket: per_minute must be > 0")
         self.rate = per_minute / 60.0
-        # Default burst: a full minute's allowance, so a client may spend its minute at once.
-        self.capacity = float(burst if burst is not None else per_minute)
+        # The burst is a full minute's allowance: a client may spend its minute at once.
+        self.capacity = float(per_minute)
         self.level = self.capacity
         self._clock = clock
         self._last = clock()

@@ -8,10 +8,10 @@ File format (`GATEWAY_API_KEYS_FILE`)::
 Only hashes are stored, so the file (a Kubernetes Secret, say) does not hand out working keys.
 `python -m gateway.flow.keys` reads a key on stdin and prints its hash for the file.
 
-Lookup hashes the presented key and finds the entry by that digest; the final comparison is
-`hmac.compare_digest`. The dict lookup compares digests, not secrets: its timing could reveal at
+Lookup hashes the presented key and finds the entry by that digest (its timing could reveal at
 most how a SHA-256 output compares with stored ones, which an attacker can neither steer nor
-invert. The key itself is never kept, put in an exception message, or passed to a logger.
+invert); the final comparison is `hmac.compare_digest`. The key itself is never kept, put in an
+exception message, or passed to a logger.
 """
 
 from __future__ import annotations
@@ -90,9 +90,6 @@ class KeyStore:
                     f"{k.tenant!r} list the same key hash"
                 )
             self._by_digest[k.digest] = k
-
-    def __len__(self) -> int:
-        return len(self._by_digest)
 
     def lookup(self, presented: bytes) -> ApiKey | None:
         digest = hashlib.sha256(presented).digest()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -44,11 +44,8 @@ def parse_engine_load(text: str) -> EngineLoad | None:
     """Sum of waiting requests and the highest KV usage over the engine's series; None if the
     page has neither (not a vLLM engine, or an unknown version).
 
-    prometheus_client's parser reads the samples, but only the lines of the two families we use:
-    on a whole vLLM page it costs many times a line scan (docs/benchmarks.md), and the
-    scrape runs on the gateway's event loop once per backend per second. Selecting the lines first
-    (C-level startswith) keeps the cost of the scan and the parser's handling of labels, escapes
-    and special values."""
+    The scrape runs on the event loop, and prometheus_client's parser on a whole vLLM page costs
+    many times a line scan (docs/benchmarks.md): it reads only the two families' lines."""
     lines = [line for line in text.splitlines() if line.startswith(_FAMILIES)]
     waiting = kv = 0.0
     seen = False
@@ -98,10 +95,7 @@ class PressureWatch:
             if load.kv_usage >= self._s.kv_cache_high:
                 strained.update(b.models)
         self._waiting_before = waiting_now
-        self._apply(strained)
-
-    def _apply(self, models: Iterable[str]) -> None:
-        for m in models:
+        for m in strained:
             self._admission.pool(m).pressure()
 
     async def _load(self, url: str) -> EngineLoad | None:

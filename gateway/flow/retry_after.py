@@ -16,14 +16,13 @@ MAX_RETRY_S = 60.0
 
 
 class DrainRate:
-    __slots__ = ("_alpha", "_clock", "_count", "_fold_s", "_since", "rate")
+    __slots__ = ("_clock", "_count", "_since", "rate")
 
-    def __init__(
-        self, clock: Callable[[], float] = monotonic, *, fold_s: float = 0.5, alpha: float = 0.3
-    ) -> None:
+    _fold_s = 0.5
+    _alpha = 0.3  # weight of each fold's sample
+
+    def __init__(self, clock: Callable[[], float] = monotonic) -> None:
         self._clock = clock
-        self._fold_s = fold_s
-        self._alpha = alpha
         self._count = 0
         self._since = clock()
         self.rate = 0.0  # completions per second; 0.0 until the first fold

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from time import monotonic
 from typing import Any
 
@@ -93,7 +94,7 @@ class SharedLimits:
         self._down_until = 0.0
         self._errors = metrics.shared_limit_errors
         # Debits run in the background; keep references so they are not collected mid-flight.
-        self._pending: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Task[object]] = set()
 
     async def close(self) -> None:
         if self._pending:
@@ -140,10 +141,7 @@ class SharedLimits:
         if tpm and tokens > 0:
             self._background(self._call(tenant, "debit", 0, tpm, tokens))
 
-    def _background(self, call: Any) -> None:
-        async def run() -> None:
-            await call
-
-        task = asyncio.get_running_loop().create_task(run())
+    def _background(self, call: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(call)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
