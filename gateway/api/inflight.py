@@ -1,14 +1,10 @@
 """The proxy's requests in flight, so that the drain can end them cleanly when it expires.
 
-Why: when uvicorn's graceful-shutdown timeout expires it cancels every request task. A stream cut
-that way just stops (no in-band error: the client cannot tell it from an answer that lost its
-tail), a queued request gets no answer, and uvicorn logs a traceback per task. So the gateway's own
-drain timer fires first (gateway/server.py): `InFlight.expire` marks each open exchange and
-cancels its task, and the proxy turns that cancellation into a 503 (nothing sent yet) or one
-in-band error event (mid-stream), then returns normally. uvicorn's own cancel stays as a backstop.
-
-One `Exchange` per proxied request; its fields are written a few times per request, never per
-SSE event.
+uvicorn's graceful-shutdown timeout cancels every request task: a stream cut that way just stops
+(the client cannot tell it from an answer that lost its tail), a queued request gets no answer,
+and uvicorn logs a traceback per task. So the gateway's own drain timer fires first
+(gateway/server.py): `InFlight.expire` marks each open exchange and cancels its task, and the
+proxy answers a 503, or one in-band error event mid-stream. uvicorn's cancel stays as a backstop.
 """
 
 from __future__ import annotations

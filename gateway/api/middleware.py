@@ -21,13 +21,11 @@ class RequestIdMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        # A per-process random prefix and a counter: unique, and far cheaper than uuid4 per request.
+        # A per-process random prefix and a counter: unique, and cheaper than uuid4.
         self._prefix = os.urandom(6).hex()
         self._seq = itertools.count(1)
 
-    # A plain function handing back the inner app's awaitable, not a coroutine awaiting it: every
-    # time the request's task suspends or resumes, each awaiting frame between it and the server
-    # is passed through again (see FastLane).
+    # A plain function handing back the inner app's awaitable, as app.FastLane.
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         if scope["type"] != "http":
             return self.app(scope, receive, send)
@@ -42,8 +40,7 @@ class RequestIdMiddleware:
         scope.setdefault("state", {})["request_id"] = rid.decode()
         header = (b"x-request-id", rid)
 
-        # A plain function that hands back `send`'s own awaitable, not a coroutine that awaits it:
-        # this runs once per SSE event, and a coroutine frame per event costs more than the check.
+        # Runs once per SSE event (when the relay sends through ASGI): no coroutine of its own.
         def send_with_id(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", ()), header]
@@ -56,16 +53,15 @@ class BodyLimitMiddleware:
     """Refuse bodies over `max_bytes`: a declared Content-Length over it at once, an undeclared
     (chunked) body by counting what arrives.
 
-    A Content-Length within the limit is trusted because the gateway's server parses with
-    httptools (gateway/edge/), which delivers exactly that many body bytes and refuses a head
-    with Transfer-Encoding beside it or a second Content-Length (tests/gateway/api/test_proxy.py).
-    h11, whose Transfer-Encoding wins over Content-Length, would need the count for every body."""
+    A Content-Length within the limit is trusted: httptools (gateway/edge/) delivers exactly that
+    many body bytes and refuses a head with Transfer-Encoding beside it or a second
+    Content-Length. (h11, whose Transfer-Encoding wins, would need the count for every body.)"""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
-    # A plain function, as RequestIdMiddleware's: most requests need no frame of this class.
+    # A plain function, as RequestIdMiddleware's: most requests need no frame here.
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         if scope["type"] != "http":
             return self.app(scope, receive, send)
@@ -105,6 +101,5 @@ class BodyLimitMiddleware:
             await send_error(send, exc, [(b"connection", b"close")])
 
     def _too_large(self) -> PayloadTooLarge:
-        # Made when needed, not per request: an exception object per request showed in py-spy.
         return PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes")
 

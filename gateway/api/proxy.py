@@ -1,12 +1,10 @@
-"""The hot path's entry: one OpenAI completion request, streamed or not, as a raw ASGI endpoint.
+"""The hot path's entry: one OpenAI completion request, streamed or not, as a raw ASGI endpoint
+(a FastAPI route would wrap every SSE event in Starlette's response machinery).
 
-Not a FastAPI route function: a route would wrap every SSE event in Starlette's response machinery,
-and the per-event cost is what bounds the gateway (see README, performance). This module keeps the
-request's lifecycle: its body, admission (flow control), and its end however it comes:
-- a client disconnect at any point (queued, prefill, mid-stream) cancels the request, and the
-  upstream connection is closed, not pooled, so the engine aborts the generation;
-- a drain whose timeout expires ends the request with a 503, or mid-stream with one in-band error
-  event;
+It keeps the request's lifecycle: its body, admission (flow control), and its end however it comes:
+- a client disconnect at any point cancels the request, and the upstream connection is closed,
+  not pooled, so the engine aborts the generation;
+- a drain whose timeout expires ends it with a 503, or mid-stream with one in-band error event;
 - a bug is logged and answered in OpenAI's shape if the client has seen nothing yet.
 Where it goes from there is api/forward.py's.
 """
@@ -34,7 +32,7 @@ class ClientGone(Exception):
 
 
 async def read_body(receive: Receive) -> bytes:
-    # The body-limit middleware wraps `receive` and stops oversized bodies before they pile up here.
+    # The body-limit middleware stops oversized bodies before they pile up here.
     chunks: list[bytes] = []
     while True:
         message = await receive()
@@ -63,10 +61,9 @@ class ProxyEndpoint:
             await send_error(send, exc)
             return
 
-        # From here the client may vanish at any await: a hang-up cancels this task, which unwinds
-        # into the upstream response's close(). The edge protocol reports it from its
-        # connection_lost (a callback, no task per request); other servers only through
-        # receive(), which a watcher task awaits in the background.
+        # From here a hang-up cancels this task, which unwinds into the upstream response's
+        # close(). The edge protocol reports it from connection_lost; other servers only through
+        # receive(), which a watcher task awaits.
         task = asyncio.current_task()
         state = scope.get("state", {})
         writer: ClientWriter | None = state.get(WRITER_KEY)

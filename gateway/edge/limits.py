@@ -1,9 +1,8 @@
 """The limits a process's client connections share, and the record of every refusal.
 
 Every refusal counts in `llmserve_edge_events{reason}` and logs at most one line per reason per
-`log_interval_s`: a flood of one kind must not hide the first line of another, nor become a flood
-of log lines. A refusal the client can still read is answered in OpenAI's JSON shape
-(`raw_response`), written by the protocol itself since no request cycle exists for it.
+`log_interval_s`. A refusal the client can still read is answered in OpenAI's JSON shape
+(`raw_response`), written by the protocol itself: no request cycle exists for it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The probes' own listener: /health, /ready and /metrics on a port of their own.
 
-A flood of the API port fills the API listener's connection cap; the kubelet's probes must still
-get through, so they have a listener with its own connection set (and so its own cap). uvicorn's
-shutdown closes only its own listener: this one stays open through the drain, so the kubelet reads
-/ready 503 (and /health 200) rather than a refused connection until the process exits.
+A flood of the API port fills its connection cap; the kubelet's probes still get through here.
+uvicorn's shutdown closes only its own listener, so this one answers through the drain (/ready
+503, /health 200) until the process exits.
 """
 
 from __future__ import annotations

@@ -1,27 +1,23 @@
 """uvicorn's httptools protocol with the edge's limits, enforced before the parser sees the bytes.
 
-- head size: bytes fed to the parser while a head is incomplete are counted, and the parser gets
-  at most `max_head_bytes` of them (431);
-- header count: headers past `max_headers` are not kept, and the head is refused when it ends
-  (431);
+- head size: the parser gets at most `max_head_bytes` of an incomplete head (431);
+- header count: headers past `max_headers` are not kept, and the head is refused (431);
 - head deadline: from the connection's opening (or the read that left a later head incomplete)
   to the end of the head (408, or a plain close for a connection that never sent a byte);
 - body deadline: the longest gap between two reads of a body the app is reading (408);
-- a response finished while the request body is still arriving (a 413 for an oversized chunked
-  body, a 401 before a big upload) closes the connection instead of reading the rest;
-- connections over `max_connections` are closed at accept, before they cost more than an fd.
+- a response finished while the request body still arrives (a 413, a 401 before a big upload)
+  closes the connection instead of reading the rest;
+- connections over `max_connections` are closed at accept.
 
-Deadlines are armed only when a read leaves a head or a body incomplete: a request that arrives
-whole, the usual case, costs no timer. A refused connection is answered where the client can still
-read it, then the write side is shut and input is dropped unparsed until the client closes, or
-for `_LINGER_S` or `_LINGER_BYTES` at most: closing with unread input resets the connection at
-once, which can destroy the answer before the client reads it.
+Deadlines are armed only when a read leaves a head or a body incomplete, so a request that
+arrives whole costs no timer. A refused connection is answered where the client can still read
+it, then its write side is shut and input dropped until the client closes, or for `_LINGER_S` or
+`_LINGER_BYTES` at most: closing with unread input resets the connection, which can destroy the
+answer before the client reads it.
 
-Everything here extends uvicorn through the callbacks it calls (asyncio's and httptools'), each
-calling `super()`, and its constructor's `app_state`, which uvicorn copies into every request's
-`scope["state"]`: that is how a request finds its connection's `ConnectionWriter`. The protocol's
-own state has double-underscore (class-private) names, so that no attribute a later uvicorn adds
-can collide with it.
+uvicorn copies the constructor's `app_state` into every request's `scope["state"]`: that is how a
+request finds its connection's `ConnectionWriter`. The protocol's own state has class-private
+names, so that no attribute a later uvicorn adds can collide with it.
 """
 
 from __future__ import annotations

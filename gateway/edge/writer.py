@@ -1,12 +1,9 @@
 """A client connection as the proxy's streamed relay writes to it (api/splice.py's ClientWriter).
 
-The relay sends a streamed response's head and first events through ASGI, declaring
-`transfer-encoding: chunked`, so the server frames its own writes that way; then it writes each
-further event as one chunk frame straight to the connection's transport, and the last one through
-ASGI again. What it needs of the connection is here: the transport, whether its write buffer is
-full (asyncio's `pause_writing`/`resume_writing`, which the protocol forwards) and a callback for
-the client's hang-up, which the proxy sets per request so that no task per request has to wait on
-`receive()` for the disconnect.
+The relay writes a streamed response's middle events as chunk frames straight to the transport.
+It needs the transport, whether its write buffer is full (the protocol forwards asyncio's
+`pause_writing`/`resume_writing`), and a hang-up callback, set by the proxy per request so that
+no task has to wait on `receive()` for the disconnect.
 """
 
 from __future__ import annotations
