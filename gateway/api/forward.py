@@ -12,7 +12,7 @@ from starlette.types import Scope, Send
 from gateway.api.accounting import log_failure
 from gateway.api.deps import ProxyDeps
 from gateway.api.inflight import Exchange
-from gateway.api.replicas import book_failure, check_answer, next_replica, no_replica, route_request
+from gateway.api.replicas import check_answer, route_request, try_replicas
 from gateway.api.schemas import Kind, ParsedRequest
 from gateway.api.stream import relay_stream
 from gateway.api.whole import answer_batched, relay_whole, send_json
@@ -59,29 +59,18 @@ class Forwarder:
         route = (route_request(req, scope, self._session_header)
                  if d.router.wants_affinity(model) else None)
         tried: list[Backend] = []
-        last_error: GatewayError | None = None
-        for _ in range(d.settings.retries + 1):
-            backend = next_replica(d, model, tried, route)
-            if backend is None:
-                break
-            try:
-                await self._attempt(backend, req, raw, headers, send, ex, pool, tenant)
-            except GatewayError as exc:
-                # Nothing reached the client yet: safe to try another replica.
-                last_error = book_failure(d, model, backend, exc)
-            else:
-                return
-            finally:
-                backend.release()
-
-        if last_error is None:
-            last_error = no_replica(d, model)
-            # A made-up model name must not mint a metric series per request.
+        try:
+            await try_replicas(d, model, tried, lambda backend: self._attempt(
+                backend, req, raw, headers, send, ex, pool, tenant), route)
+            return
+        except GatewayError as exc:
+            error = exc
+        if tried:
+            log_failure(ex, error)
+        else:  # no replica to try: counted here, with a made-up model name as "unknown"
             label = model if d.router.knows_model(model) else "unknown"
-            d.metrics.requests.labels(label, "", str(last_error.status)).inc()
-        else:
-            log_failure(ex, last_error)
-        await send_error(send, last_error)
+            d.metrics.requests.labels(label, "", str(error.status)).inc()
+        await send_error(send, error)
 
     async def _attempt(
         self, backend: Backend, req: ParsedRequest, raw: bytes, headers: dict[str, str],

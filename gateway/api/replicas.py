@@ -1,12 +1,15 @@
 """Which replica answers a request, and what its answer says about it.
 
-Shared by the proxy's attempts (api/forward.py) and the batcher's upstream call: the next replica
-with retries drawn from the retry budget, the affinity key, passive health (a 5xx fails the
-replica, a `draining` 503 takes it out at once, a 4xx is the caller's), and the error for a model
-no replica serves.
+Shared by the proxy (api/forward.py) and the batcher's upstream call: replicas tried in turn with
+retries drawn from the retry budget, the affinity key, passive health (a 5xx fails the replica, a
+`draining` 503 takes it out at once, a 4xx is the caller's), and the error for a model no replica
+serves.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import orjson
 from starlette.types import Scope
@@ -20,6 +23,8 @@ from gateway.routing.policy import RouteRequest
 
 # The error code of a worker that drains for a restart (worker/drain.py says the same).
 DRAINING_CODE = "draining"
+
+T = TypeVar("T")
 
 
 def route_request(req: ParsedRequest, scope: Scope, session_header: bytes) -> RouteRequest:
@@ -76,13 +81,6 @@ def check_answer(d: ProxyDeps, backend: Backend, status: int, body: bytes) -> No
         )
 
 
-def book_failure(d: ProxyDeps, model: str, backend: Backend, exc: GatewayError) -> GatewayError:
-    """Book a failed attempt on `backend` (passive health, metrics); returns `exc`."""
-    d.router.report_failure(backend)
-    d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
-    return exc
-
-
 def no_replica(d: ProxyDeps, model: str) -> GatewayError:
     """The error when no replica could be tried: the model is served nowhere (404), or none of
     its replicas is healthy now (503)."""
@@ -95,34 +93,50 @@ def no_replica(d: ProxyDeps, model: str) -> GatewayError:
     )
 
 
-def make_upstream_call(deps: ProxyDeps, path: str) -> UpstreamCall:
+async def try_replicas(
+    d: ProxyDeps, model: str, tried: list[Backend], attempt: Callable[[Backend], Awaitable[T]],
+    route: RouteRequest | None = None,
+) -> T:
+    """Run `attempt` on `model`'s replicas in turn (each added to `tried`) until one returns.
+
+    A GatewayError from an attempt means the client has seen nothing: it is booked against that
+    replica (passive health, metrics) and the next one is tried, within `retries` and the retry
+    budget. Raises the last attempt's error, or `no_replica`'s when none could be tried (`tried`
+    is empty then)."""
+    last_error: GatewayError | None = None
+    for _ in range(d.settings.retries + 1):
+        backend = next_replica(d, model, tried, route)
+        if backend is None:
+            break
+        try:
+            return await attempt(backend)
+        except GatewayError as exc:
+            d.router.report_failure(backend)
+            d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
+            last_error = exc
+        finally:
+            backend.release()
+    raise last_error or no_replica(d, model)
+
+
+def make_upstream_call(d: ProxyDeps, path: str) -> UpstreamCall:
     """A whole-body POST with the proxy's replica choice and retries, for the batcher: nothing
     reaches a client here, so every failure may be retried on another replica."""
+    headers = {"content-type": "application/json"}
 
     async def call(model: str, body: bytes) -> tuple[int, bytes, str]:
-        d = deps
-        tried: list[Backend] = []
-        last_error: GatewayError | None = None
-        headers = {"content-type": "application/json"}
-        for _ in range(d.settings.retries + 1):
-            backend = next_replica(d, model, tried)
-            if backend is None:
-                break
+        async def attempt(backend: Backend) -> tuple[int, bytes, str]:
+            resp = await d.transport.post(backend.url + path, body, headers, streaming=False)
             try:
-                resp = await d.transport.post(backend.url + path, body, headers, streaming=False)
-                try:
-                    raw = await resp.read()
-                except BaseException:
-                    resp.close()
-                    raise
-                resp.release()
-                check_answer(d, backend, resp.status, raw)
-                d.router.report_success(backend)
-                return resp.status, raw, backend.url
-            except GatewayError as exc:
-                last_error = book_failure(d, model, backend, exc)
-            finally:
-                backend.release()
-        raise last_error or no_replica(d, model)
+                raw = await resp.read()
+            except BaseException:
+                resp.close()
+                raise
+            resp.release()
+            check_answer(d, backend, resp.status, raw)
+            d.router.report_success(backend)
+            return resp.status, raw, backend.url
+
+        return await try_replicas(d, model, [], attempt)
 
     return call
