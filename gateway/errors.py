@@ -2,9 +2,8 @@
 
 Every non-2xx body the gateway emits comes from here, in OpenAI's shape:
 ``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``.
-Raw-ASGI code (middleware, the streaming proxy) uses `send_error`; FastAPI routes raise
-`GatewayError` subclasses and `install_handlers` turns them (and FastAPI's own errors) into the same
-shape. No handler ever echoes a traceback to the client.
+Raw-ASGI code uses `send_error`; for FastAPI routes `install_handlers` turns `GatewayError`s and
+FastAPI's own errors into the same shape. No handler ever echoes a traceback to the client.
 """
 
 from __future__ import annotations
@@ -21,6 +20,8 @@ from starlette.responses import Response
 from starlette.types import Send
 
 log = logging.getLogger("gateway.errors")
+
+JSON_HEADERS = ((b"content-type", b"application/json"),)
 
 
 class GatewayError(Exception):
@@ -50,7 +51,7 @@ class GatewayError(Exception):
         return error_body(self.public or self.message, self.type, self.param, self.code)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
-        h = [(b"content-type", b"application/json")]
+        h = list(JSON_HEADERS)
         if self.retry_after is not None:
             # Retry-After is whole seconds; never advertise 0, which invites a hot retry loop.
             h.append((b"retry-after", str(max(1, round(self.retry_after))).encode()))
@@ -134,8 +135,7 @@ class UpstreamTimeout(GatewayError):
 
 class RateLimitedLog:
     """Warnings from one call site, at most `burst` per `interval_s`; the rest are counted and the
-    count rides on the next line let through. A flood of bad requests or failing upstreams must
-    not turn into a flood of log lines (disk, log pipeline, the event loop's time)."""
+    count rides on the next line let through, so a flood of failures is not a flood of lines."""
 
     def __init__(self, logger: logging.Logger, interval_s: float = 10.0, burst: int = 5) -> None:
         self._log = logger
@@ -175,11 +175,14 @@ def sse_error_event(exc: GatewayError) -> bytes:
 async def send_error(
     send: Send, exc: GatewayError, extra_headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
-    body = exc.body()
-    headers = exc.headers()
-    headers.extend(extra_headers)
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send_body(send, exc.status, exc.body(), [*exc.headers(), *extra_headers])
+
+
+async def send_body(send: Send, status: int, body: bytes,
+                    headers: Sequence[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
+    """A whole response: `headers` with the content length, then `body`."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", b"%d" % len(body))]})
     await send({"type": "http.response.body", "body": body})
 
 

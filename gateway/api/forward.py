@@ -15,8 +15,8 @@ from gateway.api.inflight import Exchange
 from gateway.api.replicas import check_answer, route_request, try_replicas
 from gateway.api.schemas import Kind, ParsedRequest
 from gateway.api.stream import relay_stream
-from gateway.api.whole import answer_batched, relay_whole, send_json
-from gateway.errors import GatewayError, normalize_upstream_error, send_error
+from gateway.api.whole import answer_batched, relay_whole
+from gateway.errors import GatewayError, normalize_upstream_error, send_body, send_error
 from gateway.flow.admission import Pool
 from gateway.flow.batcher import batch_key
 from gateway.flow.tenants import Tenant
@@ -89,7 +89,7 @@ class Forwarder:
                 resp.release()
                 check_answer(d, backend, resp.status, body)
                 d.router.report_success(backend)
-                await send_json(send, resp.status,
+                await send_body(send, resp.status,
                                 normalize_upstream_error(resp.status, body, ex.rid))
                 d.metrics.requests.labels(req.model, backend.url, str(resp.status)).inc()
                 return

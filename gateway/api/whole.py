@@ -13,23 +13,13 @@ from gateway.api.accounting import count_usage, log_failure
 from gateway.api.deps import ProxyDeps
 from gateway.api.inflight import Exchange
 from gateway.api.schemas import ParsedRequest
-from gateway.errors import GatewayError, normalize_upstream_error, send_error
+from gateway.errors import GatewayError, normalize_upstream_error, send_body, send_error
 from gateway.flow.admission import Pool
 from gateway.flow.batcher import Batcher
 from gateway.flow.tenants import Tenant
 from gateway.routing.backend import Backend
 from gateway.transport.base import UpstreamResponse
 from gateway.usage import body_usage
-
-
-async def send_json(send: Send, status: int, body: bytes) -> None:
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode())],
-    })
-    await send({"type": "http.response.body", "body": body})
 
 
 async def relay_whole(
@@ -41,7 +31,7 @@ async def relay_whole(
     resp.release()
     done = d.flow.clock() if pool is not None and d.flow is not None else 0.0
     d.router.report_success(backend)
-    await send_json(send, 200, body)
+    await send_body(send, 200, body)
     m = d.metrics
     series = m.series(req.model)
     series.e2e.observe(asyncio.get_running_loop().time() - started)
@@ -68,7 +58,7 @@ async def answer_batched(
     body = result.body
     if result.status != 200:
         body = normalize_upstream_error(result.status, body, ex.rid)
-    await send_json(send, result.status, body)
+    await send_body(send, result.status, body)
     m = d.metrics
     # Once per client request, not per upstream call: a batch of N answers N requests.
     m.requests.labels(req.model, result.backend, str(result.status)).inc()
