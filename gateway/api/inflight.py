@@ -45,20 +45,11 @@ class Exchange:
             self.task.cancel()
 
 
-class InFlight:
-    def __init__(self) -> None:
-        self._open: set[Exchange] = set()
-
-    def add(self, ex: Exchange) -> None:
-        self._open.add(ex)
-
-    def discard(self, ex: Exchange) -> None:
-        self._open.discard(ex)
-
+class InFlight(set[Exchange]):
     def expire(self) -> int:
         """End every exchange still unanswered; returns how many were cut."""
         n = 0
-        for ex in list(self._open):
+        for ex in list(self):
             if ex.responded or ex.expired or ex.task is None:
                 continue
             ex.expired = True

@@ -20,27 +20,21 @@ from gateway.errors import NotFound, send_error
 PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
-class ProbeApp:
-    """The probe listener's app: the gateway's own /health, /ready and /metrics, nothing else."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in PROBE_PATHS:
-            await send_error(send, NotFound("the probe port serves /health, /ready and /metrics"))
-            return
-        await self.app(scope, receive, send)
-
-
 async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp,
                               ) -> tuple[asyncio.Server, ServerState]:
     """Bind `edge.settings.probe_port`, on the API listener's host, with the edge's limits; it
     serves once `start_serving()` is called. Returns the server and its connection set, for the
     shutdown to close after the drain."""
     assert edge.settings.probe_port is not None
-    # The API listener's config, serving ProbeApp: protocols read their app from their config.
-    probe = Config(ProbeApp(app), interface="asgi3", lifespan="off", log_config=None,
+
+    async def probes_only(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in PROBE_PATHS:
+            await send_error(send, NotFound("the probe port serves /health, /ready and /metrics"))
+            return
+        await app(scope, receive, send)
+
+    # The API listener's settings, serving the probes: protocols read their app from their config.
+    probe = Config(probes_only, interface="asgi3", lifespan="off", log_config=None,
                    proxy_headers=False, timeout_keep_alive=config.timeout_keep_alive)
     state = ServerState()
     protocol = EdgeProtocol.bound(edge)

@@ -110,8 +110,6 @@ class PrefixAffinity:
         self._table: OrderedDict[int, CacheLife] = OrderedDict()
         self._least = LeastOutstanding()
         self._rings: dict[tuple[str, ...], _Ring] = {}
-        self._ring_src: object = None
-        self._ring: _Ring | None = None
         self.stats = AffinityStats()
 
     @property
@@ -234,17 +232,12 @@ class PrefixAffinity:
             table.popitem(last=False)
 
     def _ring_for(self, candidates: Sequence[Backend]) -> _Ring:
-        # The router hands over the same pool tuple while nothing changes: one identity check.
-        if candidates is self._ring_src and self._ring is not None:
-            return self._ring
         urls = tuple(sorted(b.url for b in candidates))
         ring = self._rings.get(urls)
         if ring is None:
             if len(self._rings) >= _RING_CACHE:
                 self._rings.clear()
             ring = self._rings[urls] = _Ring(urls)
-        if isinstance(candidates, tuple):
-            self._ring_src, self._ring = candidates, ring
         return ring
 
 
