@@ -1,13 +1,9 @@
 """`llmserve-gateway` (`python -m gateway`) flags: every GatewaySettings field, added by
-pydantic-settings' own CLI source (CliSettingsSource) to this parser, so settings and flags never
-drift.
+pydantic-settings' CliSettingsSource, so settings and flags never drift.
 
-Flags override env (`GATEWAY_*`), which overrides defaults. Nested value objects get dotted
-flags (`--timeouts.connect-s`, `--flow.max-limit`, `--no-flow.enabled`); lists repeat
-(`--backends URL --backends URL`, or `--backend`).
-
-A bad flag or env var ends the process with one line, `llmserve-gateway: error: ...`, and exit
-code 2, as every llmserve command does.
+Flags override env (`GATEWAY_*`), which overrides defaults. Nested objects get dotted flags
+(`--flow.max-limit`, `--no-flow.enabled`); lists repeat (`--backend URL --backend URL`). A bad
+flag or env var ends the process with one line, `llmserve-gateway: error: ...`, and exit code 2.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """API-key authentication as pure ASGI middleware (only installed when a keys file is configured).
 
-Every `/v1/*` request must carry `Authorization: Bearer <key>`; the matching `ApiKey` (tenant,
-limits, priority; never the key) goes into `scope["state"]["api_key"]` for admission control.
-Liveness, readiness and metrics stay open: probes and Prometheus carry no tenant key.
-
-`send` is not wrapped (that would cost a call per SSE event), and nothing here logs: a rejected
-key must not end up in a log line.
+Every `/v1/*` request must carry `Authorization: Bearer <key>`; the matching `ApiKey` (never the
+key) goes into `scope["state"]["api_key"]` for admission control. Probes and /metrics stay open.
+Nothing here logs: a rejected key must not end up in a log line.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The gateway's OpenAPI document, served at /openapi.json.
 
-Written out, not generated: the two completion endpoints are raw ASGI (app.FastLane) and
-invisible to FastAPI, and what matters to a client is exactly what the gateway itself checks
-(gateway/api/schemas.py) and every status it can answer, each error in OpenAI's shape
-(gateway/errors.py). Other request fields pass through to the engine, which validates them; an
-engine's 4xx comes back in the same error shape. tests/gateway/api/test_openapi.py holds the
-gateway to this document with schemathesis against a fake upstream.
+Written out, not generated: the completion endpoints are raw ASGI (app.FastLane), invisible to
+FastAPI. It states what the gateway checks (api/schemas.py) and every status it can answer, each
+error in OpenAI's shape; other fields are the engine's to validate. tests/gateway/api/
+test_openapi.py holds the gateway to it with schemathesis.
 """
 
 from __future__ import annotations

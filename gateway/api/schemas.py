@@ -1,10 +1,7 @@
-"""Request validation for the OpenAI endpoints the gateway proxies.
-
-Deliberately hand-written instead of full pydantic models: this runs on every request, and the
-engine validates the long tail of sampling fields itself (its 400s come back through
-`errors.normalize_upstream_error`). Here we check what the gateway itself depends on (model,
-stream, stream_options) plus the fields whose wrong types would otherwise surface as confusing
-engine errors, and answer with OpenAI's 400 naming the `param`.
+"""Request validation for the OpenAI endpoints the gateway proxies, by hand: it runs on every
+request, and the engine validates the long tail of sampling fields itself. Checked here: what the
+gateway depends on (model, stream, stream_options) and the fields whose wrong types would surface
+as confusing engine errors, each answered with OpenAI's 400 naming the `param`.
 """
 
 from __future__ import annotations

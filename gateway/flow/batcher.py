@@ -1,20 +1,15 @@
 """Adaptive batching: compatible non-streaming /v1/completions become one multi-prompt request.
 
-Compatible means same model and same parameters: every field but `prompt` is equal (the key is
-the canonical JSON of the rest). Only single-string prompts with n == 1 are batched, so choice `i`
-of the upstream answer belongs to member `i` (vLLM orders choices by prompt, then by n).
+Compatible: same model, every field but `prompt` equal (the key is the canonical JSON of the
+rest), a single-string prompt and n == 1, so choice `i` of the upstream answer is member `i`'s.
+A batch opened while the model has nothing in flight here and nothing queued leaves on the next
+event-loop turn; under load the window grows with the prompts in flight plus the admission
+queue, up to `max_delay_s`, and a batch of `max_size` leaves at once.
 
-The window adapts to load: a batch opened while this model has nothing in flight through the
-batcher and nothing queued is flushed on the next event-loop turn (it only collects requests that
-arrived in the same instant; at concurrency 1 that costs microseconds). Under load the window
-grows in proportion to the prompts already in flight plus the admission queue, up to
-`max_delay_s`; a batch that reaches `max_size` leaves at once. Streaming requests never come here.
-
-Splitting: choices are re-indexed to 0 and each member gets its own usage. Exact token counts come
-from `return_token_ids` (asked for on the member's behalf, stripped again unless the members asked
-themselves); if an upstream does not return them, usage is split in proportion to text length.
-A 4xx for the batch (one bad prompt, say) is retried member by member, so companions never fail
-for it; a 5xx already went through the caller's retries and is everyone's answer.
+Each member's answer has its choice re-indexed to 0 and its own usage: exact from
+`return_token_ids` (asked for, and stripped unless the members asked), else split in proportion
+to text length. A 4xx for the batch is retried member by member, so companions never fail for
+one bad prompt; a 5xx already went through the caller's retries and is everyone's answer.
 """
 
 from __future__ import annotations

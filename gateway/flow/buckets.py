@@ -1,10 +1,8 @@
 """Token buckets for per-key limits: requests per minute and tokens per minute.
 
-Lazy refill (no timers): the level is brought up to date whenever the bucket is touched, from the
-time elapsed since the last touch. Requests are taken before they run; tokens are only known after
-(from the engine's usage, streams included), so the token bucket is debited afterwards and may go
-negative: the key is then refused until the refill brings it back above zero. Retry-After for a
-refusal is exactly the time that refill takes.
+Lazily refilled from the time since the last touch (no timers). Tokens are only known after a
+request (from its usage), so the token bucket is debited afterwards and may go negative: the key
+is then refused until the refill brings it above zero, which is its Retry-After.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ File format (`GATEWAY_API_KEYS_FILE`)::
     {"keys": [{"tenant": "acme", "sha256": "<64 hex chars>", "rpm": 600, "tpm": 200000,
                "priority": "normal", "max_priority": "high", "weight": 1.0}]}
 
-Only hashes are stored, so the file (a Kubernetes Secret, say) does not hand out working keys.
-`python -m gateway.flow.keys` reads a key on stdin and prints its hash for the file.
+Only hashes are stored, so the file does not hand out working keys; `python -m gateway.flow.keys`
+reads a key on stdin and prints its hash.
 
 Lookup hashes the presented key and finds the entry by that digest (its timing could reveal at
 most how a SHA-256 output compares with stored ones, which an attacker can neither steer nor

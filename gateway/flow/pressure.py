@@ -1,15 +1,9 @@
 """Engine pressure: the engines' own queue and KV cache, scraped from their /metrics.
 
-The limiter's main signal is the TTFT it measures, which arrives one prefill late. vLLM reports
-trouble earlier: requests waiting inside the engine mean the gateway lets in more than the engine
-runs at once (its batch or KV cache is full), which is exactly the internal queueing admission
-control exists to prevent. So a pool backs off when one of its engines reports
-
-* waiting requests on two scrapes in a row (one scrape is often a request caught between its
-  arrival and the next engine step, which is not a backlog), or
-* KV cache usage at or above `kv_cache_high` (the engine is about to preempt).
-
-Off the hot path: one GET per backend per `scrape_interval_s`, in a background task.
+The limiter's TTFT signal arrives one prefill late; vLLM reports trouble earlier. A pool backs
+off when one of its engines reports waiting requests on two scrapes in a row (one is often a
+request caught between arrival and the next engine step), or KV cache usage at or above
+`kv_cache_high` (about to preempt). One GET per backend per `scrape_interval_s`, off the hot path.
 """
 
 from __future__ import annotations

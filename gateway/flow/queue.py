@@ -1,15 +1,12 @@
 """The bounded wait queue of one pool: strict priority classes, deficit round robin per tenant.
 
 - Classes (high, normal, low) are served strictly in order.
-- Within a class every tenant (API key) with waiting requests gets a turn in round robin; a turn
-  serves `weight` requests on average (DRR with unit cost: a slot is the scarce resource, whatever
-  the request). A tenant sending ten times the traffic of another only lengthens its own line.
-- Bounded: when full, a newcomer may push out the newest request of the tenant holding the most
-  places (in a lower class, or in its own class if that tenant holds more places than the newcomer
-  would), so a flood from one key cannot lock others out of the queue either. Otherwise the
-  newcomer is refused.
-- Timeouts and disconnects remove an entry lazily (marked dead, skipped when reached) so removal
-  is O(1); counts are kept exact at once.
+- Within a class, tenants (API keys) with waiting requests take turns; a turn serves `weight`
+  requests on average, so a tenant sending ten times the traffic only lengthens its own line.
+- When full, a newcomer may push out the newest request of the tenant holding the most places
+  (in a lower class, or in its own if that tenant holds more than the newcomer would), so one
+  key's flood cannot lock others out either; otherwise the newcomer is refused.
+- Timeouts and disconnects mark an entry dead (skipped when reached): O(1) removal, exact counts.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Retry-After from the pool's own queue: how long the requests ahead take at the observed pace.
 
 The drain rate is an exponentially weighted average of completions per second, folded in at most
-every `fold_s` (one integer increment per completion, one float compare; no timer). Before any
-completion has been seen, Little's law stands in: `limit` requests each taking about the TTFT
-target drain at `limit / target` per second.
+every `_fold_s` (no timer). Until a completion is seen, Little's law stands in: `limit` requests
+each taking about the TTFT target drain at `limit / target` per second.
 """
 
 from __future__ import annotations

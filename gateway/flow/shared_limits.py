@@ -1,14 +1,11 @@
 """Per-key limits shared by every gateway replica, kept in Redis.
 
-Without it each replica enforces a key's RPM/TPM on its own, so N replicas give a tenant N times
-its limit. With `GATEWAY_FLOW__LIMITS_REDIS_URL` set, the two token buckets of a key live in Redis
-and every replica charges the same ones: one Lua script call per request of a limited key (one
-round trip; keys without rpm/tpm never touch Redis), tokens debited after the request without
-waiting. The script takes Redis's own clock, so replicas with skewed clocks agree.
+Without it N replicas give a tenant N times its limit. With `GATEWAY_FLOW__LIMITS_REDIS_URL`, a
+key's two token buckets live in Redis: one Lua script call per request of a limited key, tokens
+debited afterwards without waiting, on Redis's own clock (replicas' clocks may be skewed).
 
-When Redis fails (down, slow, refused) the replica does what `limits_redis_fail` says: `open`
-admits (the limits are off, the API stays up), `closed` refuses with 503. Either way it stops
-asking Redis for `limits_redis_retry_s` after a failure, so an outage costs one timeout per
+When Redis fails, `limits_redis_fail` decides: `open` admits, `closed` refuses with 503; either
+way Redis is not asked again for `limits_redis_retry_s`, so an outage costs one timeout per
 period, not one per request.
 """
 

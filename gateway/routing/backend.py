@@ -13,8 +13,8 @@ class CacheLife:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        # Prompt bytes an affinity policy sent here that this cache did not hold yet: what it had
-        # to take in. Kept on the cache, not in a policy: two pools' policies may share engines.
+        # Prompt bytes sent here that this cache did not hold yet (kept on the cache, not in a
+        # policy: two pools' policies may share engines).
         self.footprint = 0
 
 

@@ -14,10 +14,8 @@ from gateway.routing.retry_budget import RetryBudget
 from gateway.routing.router import Router
 from gateway.settings import AffinitySettings, GatewaySettings
 
-# By name (GATEWAY_ROUTING_POLICY, GATEWAY_ROUTING_POLICIES). The settings accept the names of
-# settings.PolicyName; tests/gateway/routing/test_factory.py checks that this table has exactly
-# those. Here, not in policy.py: affinity.py builds on policy.py's LeastOutstanding, and a
-# registry there would import it back.
+# By name: exactly settings.PolicyName (tests/gateway/routing/test_factory.py). Not in policy.py,
+# which affinity.py imports.
 _POLICIES: dict[str, Callable[[AffinitySettings | None], RoutingPolicy]] = {
     "least_outstanding": lambda _: LeastOutstanding(),
     "round_robin": lambda _: RoundRobin(),
@@ -55,12 +53,10 @@ def build_discovery(settings: GatewaySettings) -> Discovery:
 
 
 def build_router(settings: GatewaySettings, prober: Prober) -> Router:
-    # Every name was checked by the settings, at start-up, not when a model first shows up.
     default = make_policy(settings.routing_policy, settings.affinity)
 
     def policy_for(model: str) -> RoutingPolicy:
-        # One policy object per model pool: its state (rotation, learned prefixes) and its
-        # metrics stay per pool.
+        # One policy object per model pool: its state and its metrics stay per pool.
         return make_policy(settings.routing_policies.get(model, settings.routing_policy),
                            settings.affinity)
 

@@ -1,14 +1,10 @@
 """A retry budget: retries may be at most a share of recent requests (Finagle's RetryBudget,
 Envoy's retry_budget).
 
-Why: a retry on another replica hides one replica's failure from the client, but when replicas
-fail broadly every retry is extra load on the ones still answering. Capping retries at `ratio` of
-recent requests (20% by default) bounds that amplification at 1.2x, whatever happens; `min_retries`
-per window keeps light traffic (a few requests a minute) able to retry at all.
-
-"Recent" is a sliding window of `window_s`, approximated by two fixed windows (the previous one
-weighs by how much of it the sliding window still covers): per request one clock read, one
-compare and one increment.
+A retry hides one replica's failure from the client, but when replicas fail broadly every retry
+is load on the ones still answering: at most `ratio` of recent requests (20%: 1.2x at worst),
+plus `min_retries` per window so that light traffic can retry at all. "Recent" is a sliding
+window of `window_s`, approximated by two fixed windows.
 """
 
 from __future__ import annotations

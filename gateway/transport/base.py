@@ -25,13 +25,9 @@ class UpstreamResponse(Protocol):
         ...
 
     async def push(self, sink: BodySink) -> None:
-        """Feed body chunks to `sink` as they arrive, until it returns False or the body ends.
-
-        How the streamed relay reads: a transport that owns its read callback calls `sink` from
-        it, so an SSE event costs no future, task wake-up or `readany` round trip. Returns when
-        `sink` asked to stop or the body is complete (the caller tells which); raises like
-        `readany` when the upstream fails or times out.
-        """
+        """Feed body chunks to `sink` from the read callback as they arrive (no task wake-up per
+        SSE event), until it returns False or the body ends (the caller tells which); raises
+        like `readany` when the upstream fails or times out."""
         ...
 
     def close(self) -> None:
@@ -47,12 +43,9 @@ class Transport(Protocol):
     async def post(
         self, url: str, body: bytes, headers: Mapping[str, str], *, streaming: bool
     ) -> UpstreamResponse:
-        """Send a request and wait for the response head.
-
-        Raises `errors.UpstreamFailed` when the backend cannot be reached or drops the connection,
-        `errors.UpstreamTimeout` when a deadline expires first. Both mean nothing reached the
-        client yet, so the caller may retry elsewhere.
-        """
+        """Send a request and wait for the response head. Raises `errors.UpstreamFailed` (cannot
+        reach the backend, connection dropped) or `errors.UpstreamTimeout`: nothing reached the
+        client yet, so the caller may retry elsewhere."""
         ...
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:

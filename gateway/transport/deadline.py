@@ -14,8 +14,6 @@ from gateway.settings import Timeouts
 
 
 class Deadline:
-    """One lazily re-armed timer covering first byte, inter-chunk idle and total time."""
-
     __slots__ = ("_handle", "_loop", "_on_expire", "_start", "_t", "expired", "got_first", "last")
 
     def __init__(

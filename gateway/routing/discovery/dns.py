@@ -1,7 +1,5 @@
-"""DNS discovery: a headless Service's A records, re-resolved periodically.
-
-A headless Service answers with one A record per ready pod, so re-resolving every few seconds
-follows scale-ups, rollouts and crashes without any Kubernetes permissions.
+"""DNS discovery: a headless Service's A records (one per ready pod), re-resolved periodically:
+scale-ups, rollouts and crashes followed without any Kubernetes permissions.
 """
 
 from __future__ import annotations

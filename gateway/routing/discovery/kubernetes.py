@@ -1,11 +1,8 @@
 """Kubernetes discovery: list + watch the EndpointSlices of one Service.
 
-The official `kubernetes` client is synchronous, so list/watch runs in a daemon thread and hands
-each new URL set to the event loop with `call_soon_threadsafe`. The watch resumes from the last
-resourceVersion it saw; when the API server says that version is gone (410, as an ERROR event or
-as the HTTP status), the thread lists again from scratch, which is the documented recovery. Only
-endpoints whose `ready` condition is not false are routable: a terminating or not-yet-ready pod
-must not receive traffic (Kubernetes treats an absent condition as ready, so do we).
+The `kubernetes` client is synchronous: list/watch runs in a daemon thread and hands each URL set
+to the event loop. The watch resumes from the last resourceVersion; on 410 Gone it lists again.
+Only endpoints whose `ready` condition is not false are routable (absent counts as ready).
 """
 
 from __future__ import annotations
