@@ -16,8 +16,6 @@ class TokenBucket:
     __slots__ = ("_clock", "_last", "capacity", "level", "rate")
 
     def __init__(self, per_minute: float, *, clock: Callable[[], float] = monotonic) -> None:
-        if per_minute <= 0:
-            raise ValueError("TokenBucket: per_minute must be > 0")
         self.rate = per_minute / 60.0
         # The burst is a full minute's allowance: a client may spend its minute at once.
         self.capacity = float(per_minute)

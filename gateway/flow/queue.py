@@ -40,8 +40,6 @@ class _Class:
 
 class FairQueue:
     def __init__(self, max_size: int) -> None:
-        if max_size < 0:
-            raise ValueError("FairQueue: max_size must be >= 0")
         self.max_size = max_size
         self._classes = [_Class() for _ in range(N_CLASSES)]
         self._size = 0

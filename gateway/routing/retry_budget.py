@@ -21,8 +21,6 @@ class RetryBudget:
         self, ratio: float = 0.2, min_retries: int = 3, window_s: float = 10.0,
         clock: Callable[[], float] = monotonic,
     ) -> None:
-        if not 0 <= ratio <= 1 or min_retries < 0 or window_s <= 0:
-            raise ValueError("RetryBudget: need 0 <= ratio <= 1, min_retries >= 0, window_s > 0")
         self._ratio = ratio
         self._min = min_retries
         self._window = window_s

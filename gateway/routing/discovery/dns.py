@@ -26,8 +26,6 @@ class Dns:
     def __init__(
         self, name: str, port: int, interval_s: float, resolver: Resolver = resolve_a
     ) -> None:
-        if interval_s <= 0:
-            raise ValueError("GATEWAY_DNS_INTERVAL_S must be > 0")
         self._name = name
         self._port = port
         self._interval_s = interval_s

@@ -3,8 +3,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from pydantic import ValidationError
 
 from gateway.routing.discovery.dns import Dns, resolve_a
+from gateway.settings import GatewaySettings
 
 
 async def test_reresolves_and_yields_only_changes() -> None:
@@ -64,6 +66,6 @@ async def test_failing_first_lookup_starts_empty() -> None:
     await it.aclose()
 
 
-def test_rejects_non_positive_interval() -> None:
-    with pytest.raises(ValueError, match="GATEWAY_DNS_INTERVAL_S"):
-        Dns("w", 1, interval_s=0)
+def test_settings_reject_a_non_positive_interval() -> None:
+    with pytest.raises(ValidationError, match="dns_interval_s"):
+        GatewaySettings(discovery="dns", dns_name="w", dns_interval_s=0)
