@@ -139,28 +139,26 @@ class Batcher:
         for mem in live:
             delay.observe(now - mem.submitted)
         self._in_flight[model] = self._in_flight.get(model, 0) + len(live)
+        error: GatewayError | None = None
         try:
             if len(live) == 1:
                 await self._single(batch, live[0])
             else:
                 await self._many(batch, live)
         except GatewayError as exc:
-            for mem in live:
-                if not mem.future.done():
-                    mem.future.set_exception(exc)
+            error = exc
         except asyncio.CancelledError:
-            for mem in live:
-                if not mem.future.done():
-                    mem.future.set_exception(GatewayError("the gateway is shutting down"))
+            error = GatewayError("the gateway is shutting down")
             raise
         except Exception:
             # A bug, not an upstream failure: nobody awaits this task, so log it here.
             log.exception("batcher error")
-            for mem in live:
-                if not mem.future.done():
-                    mem.future.set_exception(GatewayError("internal error"))
+            error = GatewayError("internal error")
         finally:
             self._in_flight[model] -= len(live)
+            if error is not None:
+                for mem in live:
+                    _answer(mem, error)
 
     async def _single(self, batch: _Batch, mem: _Member) -> None:
         body = orjson.dumps({**batch.template, "prompt": mem.prompt})
@@ -172,8 +170,7 @@ class Batcher:
                 result.usage_known = False
             else:
                 result.prompt_tokens, result.completion_tokens = usage
-        if not mem.future.done():
-            mem.future.set_result(result)
+        _answer(mem, result)
 
     async def _many(self, batch: _Batch, live: list[_Member]) -> None:
         template = batch.template
@@ -187,14 +184,22 @@ class Batcher:
             return
         if status != 200:
             for mem in live:
-                if not mem.future.done():
-                    mem.future.set_result(BatchResult(status, raw, backend=backend))
+                _answer(mem, BatchResult(status, raw, backend=backend))
             return
         for mem, result in zip(live, split(raw, [mem.prompt for mem in live], asked_ids),
                                strict=True):
             result.backend = backend
-            if not mem.future.done():
-                mem.future.set_result(result)
+            _answer(mem, result)
+
+
+def _answer(mem: _Member, result: BatchResult | GatewayError) -> None:
+    """Settle a member's future, unless its client left (which cancelled it)."""
+    if mem.future.done():
+        return
+    if isinstance(result, GatewayError):
+        mem.future.set_exception(result)
+    else:
+        mem.future.set_result(result)
 
 
 def split(raw: bytes, prompts: list[str], keep_token_ids: bool) -> list[BatchResult]:

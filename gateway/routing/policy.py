@@ -45,28 +45,12 @@ class LeastOutstanding:
         self._turn = 0
 
     def pick(self, candidates: Sequence[Backend], request: RouteRequest) -> Backend | None:
-        n = len(candidates)
-        if n == 0:
-            return None
-        if n == 1:
-            return candidates[0]
-        # Two plain passes, no allocation: the minimum and how many share it, then the k-th.
-        least = candidates[0].outstanding
-        ties = 0
-        for b in candidates:
-            o = b.outstanding
-            if o < least:
-                least, ties = o, 1
-            elif o == least:
-                ties += 1
-        k = self._turn % ties
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        least = min(b.outstanding for b in candidates)
+        tied = [b for b in candidates if b.outstanding == least]
         self._turn += 1
-        for b in candidates:
-            if b.outstanding == least:
-                if k == 0:
-                    return b
-                k -= 1
-        raise AssertionError("unreachable: some candidate holds the minimum")
+        return tied[(self._turn - 1) % len(tied)]
 
 
 class RoundRobin:

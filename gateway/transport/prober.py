@@ -13,19 +13,20 @@ class HttpProber:
         self._transport = transport
         self._timeout_s = timeout_s
 
-    async def health(self, base_url: str) -> bool:
+    async def _get(self, url: str) -> bytes | None:
+        """The body of a 200 answer; None for any other answer or a failure."""
         try:
-            status, _ = await self._transport.get(base_url + "/health", self._timeout_s)
-        except UpstreamFailed:
-            return False
-        return status == 200
-
-    async def models(self, base_url: str) -> list[str] | None:
-        try:
-            status, body = await self._transport.get(base_url + "/v1/models", self._timeout_s)
+            status, body = await self._transport.get(url, self._timeout_s)
         except UpstreamFailed:
             return None
-        if status != 200:
+        return body if status == 200 else None
+
+    async def health(self, base_url: str) -> bool:
+        return await self._get(base_url + "/health") is not None
+
+    async def models(self, base_url: str) -> list[str] | None:
+        body = await self._get(base_url + "/v1/models")
+        if body is None:
             return None
         try:
             data = orjson.loads(body)["data"]
