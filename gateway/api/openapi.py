@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.api.schemas import COUNTS, RANGES
+
 _ERROR = {
     "type": "object",
     "required": ["error"],
@@ -49,14 +51,12 @@ _INT64 = {"minimum": -(2**63), "maximum": 2**64 - 1}
 _COUNT = {"type": ["integer", "null"], "minimum": 1, "maximum": 2**64 - 1}
 
 # What gateway/api/schemas.py checks; anything else is the engine's to judge.
-_COMMON = {
+_COMMON: dict[str, Any] = {
     "model": {"type": "string", "minLength": 1},
     "stream": {"type": ["boolean", "null"]},
-    "max_tokens": _COUNT,
-    "max_completion_tokens": _COUNT,
-    "n": _COUNT,
-    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
-    "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+    **dict.fromkeys(COUNTS, _COUNT),
+    **{name: {"type": ["number", "null"], "minimum": lo, "maximum": hi}
+       for name, (lo, hi) in RANGES.items()},
 }
 
 _CHAT = {

@@ -15,6 +15,10 @@ from gateway.errors import InvalidRequest
 
 Kind = Literal["chat", "completion"]
 
+# The sampling fields checked here (api/openapi.py documents them from the same tables).
+COUNTS = ("max_tokens", "max_completion_tokens", "n")  # integers >= 1
+RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}  # numbers within [lo, hi]
+
 
 @dataclass(slots=True)
 class ParsedRequest:
@@ -35,18 +39,6 @@ def _is_int(v: object) -> bool:
 
 def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check_int(body: dict[str, Any], name: str, minimum: int) -> None:
-    v = body.get(name)
-    if v is not None and (not _is_int(v) or v < minimum):
-        raise InvalidRequest(f"{name} must be an integer >= {minimum}", param=name)
-
-
-def _check_number(body: dict[str, Any], name: str, lo: float, hi: float) -> None:
-    v = body.get(name)
-    if v is not None and (not _is_number(v) or not lo <= v <= hi):
-        raise InvalidRequest(f"{name} must be a number between {lo:g} and {hi:g}", param=name)
 
 
 def _check_messages(v: object) -> None:
@@ -116,9 +108,12 @@ def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
             )
         wants_usage = iu
 
-    _check_int(body, "max_tokens", 1)
-    _check_int(body, "max_completion_tokens", 1)
-    _check_int(body, "n", 1)
-    _check_number(body, "temperature", 0.0, 2.0)
-    _check_number(body, "top_p", 0.0, 1.0)
+    for name in COUNTS:
+        v = body.get(name)
+        if v is not None and (not _is_int(v) or v < 1):
+            raise InvalidRequest(f"{name} must be an integer >= 1", param=name)
+    for name, (lo, hi) in RANGES.items():
+        v = body.get(name)
+        if v is not None and (not _is_number(v) or not lo <= v <= hi):
+            raise InvalidRequest(f"{name} must be a number between {lo:g} and {hi:g}", param=name)
     return ParsedRequest(kind, body, model, stream, wants_usage)
