@@ -59,78 +59,55 @@ class GatewayError(Exception):
 
 
 class InvalidRequest(GatewayError):
-    status = 400
-    type = "invalid_request_error"
+    status, type = 400, "invalid_request_error"
 
 
 class AuthenticationFailed(GatewayError):
-    status = 401
-    type = "invalid_request_error"
-    code = "invalid_api_key"
+    status, type, code = 401, "invalid_request_error", "invalid_api_key"
 
 
 class ModelNotFound(GatewayError):
-    status = 404
-    type = "invalid_request_error"
-    code = "model_not_found"
+    status, type, code = 404, "invalid_request_error", "model_not_found"
 
 
 class NotFound(GatewayError):
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
+    status, type, code = 404, "invalid_request_error", "not_found"
 
 
 class MethodNotAllowed(GatewayError):
-    status = 405
-    type = "invalid_request_error"
-    code = "method_not_allowed"
+    status, type, code = 405, "invalid_request_error", "method_not_allowed"
 
 
 class PayloadTooLarge(GatewayError):
-    status = 413
-    type = "invalid_request_error"
-    code = "payload_too_large"
+    status, type, code = 413, "invalid_request_error", "payload_too_large"
 
 
 class RequestTimeout(GatewayError):
-    status = 408
-    type = "invalid_request_error"
-    code = "request_timeout"
+    status, type, code = 408, "invalid_request_error", "request_timeout"
 
 
 class HeadTooLarge(GatewayError):
-    status = 431
-    type = "invalid_request_error"
-    code = "request_header_fields_too_large"
+    status, type, code = 431, "invalid_request_error", "request_header_fields_too_large"
 
 
 class RateLimited(GatewayError):
-    status = 429
-    type = "rate_limit_error"
-    code = "rate_limit_exceeded"
+    status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
 
 
 class UpstreamFailed(GatewayError):
     """`message` is the detail for the log (which replica, what it said); clients read `public`."""
 
-    status = 502
-    type = "server_error"
-    code = "upstream_error"
+    status, type, code = 502, "server_error", "upstream_error"
     public = ("The model server failed to answer; the gateway's log has the detail under this "
               "response's x-request-id")
 
 
 class Unavailable(GatewayError):
-    status = 503
-    type = "server_error"
-    code = "service_unavailable"
+    status, type, code = 503, "server_error", "service_unavailable"
 
 
 class UpstreamTimeout(GatewayError):
-    status = 504
-    type = "server_error"
-    code = "upstream_timeout"
+    status, type, code = 504, "server_error", "upstream_timeout"
 
 
 class RateLimitedLog:

@@ -80,9 +80,7 @@ class Forwarder:
         has seen nothing (the caller may then retry elsewhere)."""
         d = self._d
         dispatched = d.flow.clock() if pool is not None and d.flow is not None else 0.0
-        resp = await d.transport.post(
-            backend.url + self._path, raw, headers, streaming=req.stream
-        )
+        resp = await d.transport.post(backend.url + self._path, raw, headers, streaming=req.stream)
         try:
             if resp.status != 200:
                 body = await resp.read()
