@@ -44,8 +44,7 @@ class FastLane:
         self.app = app
         self.endpoints = endpoints
 
-    # A plain function handing back the chosen app's awaitable: no coroutine frame of its own for
-    # every suspension and resumption of the request to pass through.
+    # Hands back the chosen app's awaitable: no frame of its own for every resume to pass through.
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         if scope["type"] == "http":
             endpoint = self.endpoints.get(scope["path"])
@@ -61,8 +60,7 @@ class FastLane:
 
 def build_app(settings: GatewaySettings) -> GatewayApp:
     transport = H1Transport(settings.timeouts)
-    # Probes share the connect deadline: a replica that cannot accept a connection that fast is
-    # not one we want to route to.
+    # Probes share the connect deadline: a replica that slow to accept is not one to route to.
     router = build_router(settings, HttpProber(transport, max(settings.timeouts.connect_s, 1.0)))
     metrics = GatewayMetrics()
     metrics.backends.view = router.backend_states
@@ -79,8 +77,7 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
                 if admission is not None and settings.flow.scrape_engines else None)
 
     async def follow_replicas(adm: Admission) -> None:
-        # Each pool's ceiling is per available replica (flow/admission.py, Pool.set_replicas).
-        # Probes, ejections and discovery change the count; once per probe period is soon enough.
+        # Each pool's ceiling follows its model's available replicas (Pool.set_replicas).
         while True:
             try:
                 adm.set_replicas(router.replicas())
@@ -92,8 +89,7 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Start-up: discovery and health probing begin; /ready turns 200 once a replica answers.
         await router.start()
-        # Admission also watches the engines' own queues and the replicas' count (off the
-        # request path).
+        # Admission watches the engines' queues and the replicas' count, off the request path.
         if pressure is not None:
             await pressure.start()
         replicas = (asyncio.create_task(follow_replicas(admission), name="admission-replicas")
@@ -101,8 +97,7 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
         try:
             yield
         finally:
-            # Shutdown: uvicorn has already drained in-flight requests (bounded by the drain
-            # timeout); stop probing and close pooled upstream connections.
+            # Shutdown: uvicorn drained in-flight requests; stop probing, close upstream sockets.
             if replicas is not None:
                 replicas.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -125,19 +120,15 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     if settings.batch.enabled:
         state.batcher = Batcher(
             settings.batch, metrics, make_upstream_call(state, "/v1/completions"),
-            queued=admission.queued if admission is not None else lambda _: 0,
-        )
+            queued=admission.queued if admission is not None else lambda _: 0)
     app.include_router(
         build_routes(router, metrics, lambda: state.draining, settings.health_interval_s,
-                     layouts_by_model(settings.pools))
-    )
+                     layouts_by_model(settings.pools)))
     lane = FastLane(app, {
         "/v1/chat/completions": ProxyEndpoint(state, "/v1/chat/completions", "chat"),
         "/v1/completions": ProxyEndpoint(state, "/v1/completions", "completion"),
     })
-    # Outermost first at request time: request id, body limit, auth (only with a keys file: no
-    # keys, no layer), then the lanes. Each hands back the next one's awaitable (no coroutine
-    # frame of its own) unless it has work after the app returns.
+    # Outermost first: request id, body limit, auth (only with a keys file), then the lanes.
     inner: ASGIApp = lane if keys is None else AuthMiddleware(lane, keys)
     outer = RequestIdMiddleware(BodyLimitMiddleware(inner, max_bytes=settings.max_body_bytes))
     return GatewayApp(outer, app, state)

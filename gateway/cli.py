@@ -41,12 +41,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[GatewaySe
         prog=PROG,
         description="llmserve gateway: OpenAI-compatible API in front of vLLM replicas. Every "
                     "flag is also an env var: GATEWAY_<NAME>, GATEWAY_<GROUP>__<NAME> for a "
-                    "dotted one (GATEWAY_FLOW__MAX_LIMIT for --flow.max-limit).",
-    )
+                    "dotted one (GATEWAY_FLOW__MAX_LIMIT for --flow.max-limit).")
     source: CliSettingsSource[GatewaySettings] = CliSettingsSource(
         GatewaySettings, root_parser=parser, cli_kebab_case=True, cli_implicit_flags=True,
-        cli_shortcuts={"backends": "backend"},
-    )
+        cli_shortcuts={"backends": "backend"})
     return parser, source
 
 

@@ -211,8 +211,7 @@ def install_handlers(app: FastAPI) -> None:
         elif exc.status_code == 405:
             allow = (exc.headers or {}).get("Allow", "")
             mapped = MethodNotAllowed(
-                f"Method {request.method} is not allowed on {request.url.path}; use {allow}"
-            )
+                f"Method {request.method} is not allowed on {request.url.path}; use {allow}")
         else:
             mapped = GatewayError(str(exc.detail))
             mapped.status = exc.status_code

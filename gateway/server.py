@@ -37,8 +37,7 @@ log = logging.getLogger("gateway")
 # Allocations between young collections (CPython's default is 700).
 _GC_GEN0 = 20_000
 
-# uvicorn's own cancel of whatever is left comes this long after the gateway's drain expiry, which
-# needs only a loop turn or two to end each request in-band.
+# uvicorn's own cancel backs up the gateway's drain expiry (a loop turn or two) this much later.
 _BACKSTOP_S = 1
 
 
@@ -46,8 +45,7 @@ def run(settings: GatewaySettings) -> None:
     """Start-up: the app and its edge are built from validated settings, then uvicorn serves them
     until a signal (_DrainingServer below has the rest of the lifecycle)."""
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     app = build_app(settings)
     state = app.state
     edge = Edge(settings.edge, state.metrics)
@@ -92,9 +90,8 @@ class _DrainingServer(uvicorn.Server):
         self.__probe: tuple[asyncio.Server, ServerState] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        # The probes' own listener (gateway/edge/probe.py), so that a flood of the API port cannot
-        # take the connections /health and /ready need. Bound before the lifespan starts: a port
-        # in use ends start-up before anything started; it serves once uvicorn's listener does.
+        # The probes' own listener (gateway/edge/probe.py), bound before the lifespan starts (a
+        # port in use ends start-up before anything started); it serves once uvicorn's does.
         if self.__edge is not None and self.__edge.settings.probe_port is not None:
             try:
                 self.__probe = await open_probe_listener(
@@ -107,8 +104,7 @@ class _DrainingServer(uvicorn.Server):
             await self.__probe[0].start_serving()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        # Step 3: flip readiness before uvicorn stops accepting, then let uvicorn's graceful
-        # shutdown (bounded by timeout_graceful_shutdown) wait for in-flight requests.
+        # Step 3: flip readiness before uvicorn stops accepting and waits for in-flight requests.
         if not self.__state.draining:
             log.info("signal %s: draining for up to %ss", sig, self.__state.settings.drain_timeout_s)
         self.__state.draining = True
@@ -117,14 +113,12 @@ class _DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Step 4: at the drain timeout, end what is still open before uvicorn cuts it.
         expiry = asyncio.get_running_loop().call_later(
-            self.__state.settings.drain_timeout_s, self.__expire
-        )
+            self.__state.settings.drain_timeout_s, self.__expire)
         try:
             await super().shutdown(sockets)
         finally:
             expiry.cancel()
-        # Step 5: the probe listener outlives the drain: /ready answers 503 and /health 200 until
-        # the end.
+        # Step 5: the probe listener outlived the drain (/ready 503, /health 200); now it closes.
         if self.__probe is not None:
             server, state = self.__probe
             server.close()

@@ -13,8 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-# The routing policies by name (GATEWAY_ROUTING_POLICY, GATEWAY_ROUTING_POLICIES): checked here,
-# with the other settings at start-up; gateway/routing/factory.py builds one per name.
+# The routing policies by name, checked at start-up; gateway/routing/factory.py builds them.
 PolicyName = Literal["prefix_affinity", "least_outstanding", "round_robin"]
 
 
@@ -38,8 +37,7 @@ class Timeouts(BaseModel):
             raise ValueError(
                 "GATEWAY_TIMEOUTS: connect_s and first_byte_s must not exceed total_s "
                 f"(connect_s={self.connect_s}, first_byte_s={self.first_byte_s}, "
-                f"total_s={self.total_s})"
-            )
+                f"total_s={self.total_s})")
         return self
 
 
@@ -55,77 +53,61 @@ class FlowSettings(BaseModel):
 
     enabled: bool = Field(True, description="admission control (limit + queue) per model pool")
     ttft_target_s: float = Field(
-        4.0, gt=0, description="TTFT target for admitted requests, queue wait included"
-    )
+        4.0, gt=0, description="TTFT target for admitted requests, queue wait included")
     queue_timeout_s: float = Field(
-        1.0, gt=0, description="longest wait in the gateway queue before a 503"
-    )
+        1.0, gt=0, description="longest wait in the gateway queue before a 503")
     max_queue: int = Field(512, ge=0, description="queued requests per pool before 503")
-    # Small, so that a cold burst cannot overfill a small replica before the first token shows
-    # its pace; slow start doubles it every round trip from there (flow/admission.py).
+    # Small, not to overfill a small replica with a cold burst; slow start doubles it per round
+    # trip (flow/admission.py).
     initial_limit: int = Field(24, ge=1, description="starting concurrency limit per pool "
                                                       "(at most what one replica serves within "
                                                       "the TTFT target)")
     min_limit: int = Field(2, ge=1, description="floor of the adaptive concurrency limit")
     max_limit: int = Field(
         1024, ge=1, description="ceiling of the adaptive concurrency limit per available replica "
-                                "(a pool's ceiling is this times its model's replicas)"
-    )
+                                "(a pool's ceiling is this times its model's replicas)")
     backoff: float = Field(
-        0.9, gt=0, lt=1, description="multiplicative decrease when the target is missed"
-    )
+        0.9, gt=0, lt=1, description="multiplicative decrease when the target is missed")
     scrape_engines: bool = Field(
-        True, description="also back off on engines' vllm:num_requests_waiting / kv cache usage"
-    )
+        True, description="also back off on engines' vllm:num_requests_waiting / kv cache usage")
     scrape_interval_s: float = Field(1.0, gt=0, description="engine /metrics scrape period")
     kv_cache_high: float = Field(
-        0.95, gt=0, le=1, description="engine KV cache usage treated as saturation"
-    )
+        0.95, gt=0, le=1, description="engine KV cache usage treated as saturation")
     default_priority: Literal["high", "normal", "low"] = Field(
-        "normal", description="priority when neither the key nor x-llmserve-priority sets one"
-    )
-    # Per-key limits across gateway replicas (flow/shared_limits.py): one Redis for all, or each
-    # replica enforcing its share.
+        "normal", description="priority when neither the key nor x-llmserve-priority sets one")
+    # Per-key limits across gateway replicas: one Redis for all, or each enforcing its share.
     limits_redis_url: str | None = Field(
         None, description="Redis URL (redis://host:6379/0) holding per-key limits for every replica"
     )
     limits_redis_fail: Literal["open", "closed"] = Field(
-        "open", description="when Redis fails: admit (open) or answer 503 (closed)"
-    )
+        "open", description="when Redis fails: admit (open) or answer 503 (closed)")
     limits_redis_timeout_s: float = Field(
-        0.1, gt=0, le=5, description="Redis connect/read timeout for one limit check"
-    )
+        0.1, gt=0, le=5, description="Redis connect/read timeout for one limit check")
     limits_redis_retry_s: float = Field(
-        2.0, gt=0, description="after a Redis failure, apply limits_redis_fail this long"
-    )
+        2.0, gt=0, description="after a Redis failure, apply limits_redis_fail this long")
     limit_replicas: int = Field(
-        1, ge=1, description="replicas sharing each key's limits without Redis (each enforces 1/N)"
-    )
+        1, ge=1, description="replicas sharing each key's limits without Redis (each enforces 1/N)")
 
     @model_validator(mode="after")
     def _consistent(self) -> FlowSettings:
         if self.limits_redis_url is not None and self.limit_replicas != 1:
             raise ValueError(
                 "GATEWAY_FLOW: limit_replicas divides per-key limits between replicas that do not "
-                "share them; with limits_redis_url they are shared already (set one of the two)"
-            )
+                "share them; with limits_redis_url they are shared already (set one of the two)")
         if self.limits_redis_url is not None and not self.limits_redis_url.startswith(
             ("redis://", "rediss://", "unix://")
         ):
             raise ValueError(
-                "GATEWAY_FLOW: limits_redis_url must be a redis://, rediss:// or unix:// URL"
-            )
+                "GATEWAY_FLOW: limits_redis_url must be a redis://, rediss:// or unix:// URL")
         if not self.min_limit <= self.initial_limit <= self.max_limit:
             raise ValueError(
                 "GATEWAY_FLOW: need min_limit <= initial_limit <= max_limit "
-                f"(got {self.min_limit}, {self.initial_limit}, {self.max_limit})"
-            )
+                f"(got {self.min_limit}, {self.initial_limit}, {self.max_limit})")
         if self.queue_timeout_s >= self.ttft_target_s:
             raise ValueError(
                 "GATEWAY_FLOW: queue_timeout_s must be below ttft_target_s (the rest is the "
                 f"engines' share of the target; got {self.queue_timeout_s} >= "
-                f"{self.ttft_target_s})"
-            )
+                f"{self.ttft_target_s})")
         return self
 
 
@@ -138,8 +120,7 @@ class BatchSettings(BaseModel):
     enabled: bool = Field(False, description="coalesce compatible non-streaming completions")
     max_size: int = Field(16, ge=1, le=256, description="most prompts in one upstream request")
     max_delay_s: float = Field(
-        0.005, ge=0, le=1, description="longest a request waits for companions (under load)"
-    )
+        0.005, ge=0, le=1, description="longest a request waits for companions (under load)")
 
 
 class EdgeSettings(BaseModel):
@@ -152,25 +133,19 @@ class EdgeSettings(BaseModel):
     # As Envoy's caps (60 KiB, 100 headers); an OpenAI client sends well under 2 KiB.
     max_head_bytes: int = Field(
         64 * 1024, ge=1024, le=16 * 1024 * 1024,
-        description="largest request head (request line + headers); larger gets 431",
-    )
+        description="largest request head (request line + headers); larger gets 431")
     max_headers: int = Field(100, ge=8, le=10_000, description="most request headers; more: 431")
     head_timeout_s: float = Field(
-        10.0, gt=0, description="a connection's first byte, or a request's, to the end of its head"
-    )
+        10.0, gt=0, description="a connection's first byte, or a request's, to the end of its head")
     body_timeout_s: float = Field(
-        30.0, gt=0, description="longest gap between two reads of a request body"
-    )
+        30.0, gt=0, description="longest gap between two reads of a request body")
     max_connections: int = Field(
-        8192, ge=1, description="open client connections per process; more are closed at accept"
-    )
+        8192, ge=1, description="open client connections per process; more are closed at accept")
     probe_port: int | None = Field(
         None, ge=1, le=65535,
-        description="separate listener for /health, /ready and /metrics (unset: none)",
-    )
+        description="separate listener for /health, /ready and /metrics (unset: none)")
     log_interval_s: float = Field(
-        10.0, gt=0, description="at most one log line per kind of edge event this often"
-    )
+        10.0, gt=0, description="at most one log line per kind of edge event this often")
 
 
 class PoolLayout(BaseModel):
@@ -194,28 +169,22 @@ class AffinitySettings(BaseModel):
 
     balance: float = Field(
         0.25, gt=0, le=10,
-        description="bounded load: a cache hit may take its replica to (1 + balance) x mean load",
-    )
+        description="bounded load: a cache hit may take its replica to (1 + balance) x mean load")
     slack: int = Field(
         0, ge=0, le=1024,
         description="a cache hit may exceed the bound by this many requests (SGLang's "
-        "balance_abs_threshold): at low load a cold prefill elsewhere costs more than queueing",
-    )
+        "balance_abs_threshold): at low load a cold prefill elsewhere costs more than queueing")
     miss_cost_bytes: int = Field(
         1024, ge=0, le=1 << 20,
         description="a cache hit may exceed the bound by one request per this many cached prompt "
-        "bytes: a cold prefill of that much costs about one queued request (0: off)",
-    )
+        "bytes: a cold prefill of that much costs about one queued request (0: off)")
     chunk_bytes: int = Field(
-        512, ge=16, le=65536, description="prompt prefix hashed in chunks of this many bytes"
-    )
+        512, ge=16, le=65536, description="prompt prefix hashed in chunks of this many bytes")
     max_chunks: int = Field(64, ge=1, le=4096, description="chunks hashed per prompt at most")
     max_entries: int = Field(
-        100_000, ge=1, description="learned prefixes kept (LRU); caps the policy's memory"
-    )
+        100_000, ge=1, description="learned prefixes kept (LRU); caps the policy's memory")
     session_header: str = Field(
-        "x-session-id", min_length=1, description="request header carrying an explicit session key"
-    )
+        "x-session-id", min_length=1, description="request header carrying an explicit session key")
 
 
 def layouts_by_model(pools: list[PoolLayout]) -> dict[str, PoolLayout]:
@@ -233,80 +202,65 @@ class GatewaySettings(BaseSettings):
         env_prefix="GATEWAY_",
         env_nested_delimiter="__",
         frozen=True,
-        extra="forbid",
-    )
+        extra="forbid")
 
     host: str = Field("0.0.0.0", description="address to listen on")
     port: int = Field(8000, ge=1, le=65535, description="port to listen on")
 
     discovery: Literal["static", "dns", "kubernetes"] = Field(
-        "static", description="how backends are found: static list, DNS A records, EndpointSlices"
-    )
+        "static", description="how backends are found: static list, DNS A records, EndpointSlices")
     # NoDecode: the env var takes a URL, comma-separated URLs or a JSON list (_split_backends).
     backends: Annotated[list[str], NoDecode] = Field(
         default=[],
         description="static backend base URLs, e.g. http://10.0.0.7:8000; several: repeat the "
-                    "flag, or comma-separated, or a JSON list",
-    )
+                    "flag, or comma-separated, or a JSON list")
     dns_name: str | None = Field(None, description="headless Service name (discovery=dns)")
     dns_port: int = Field(8000, ge=1, le=65535, description="backend port (discovery=dns)")
     dns_interval_s: float = Field(5.0, gt=0, description="DNS re-resolution period")
     k8s_namespace: str | None = Field(
-        None, description="namespace of the worker Service (discovery=kubernetes; default: own)"
-    )
+        None, description="namespace of the worker Service (discovery=kubernetes; default: own)")
     k8s_service: str | None = Field(None, description="worker Service name (discovery=kubernetes)")
     k8s_port: int = Field(8000, ge=1, le=65535, description="backend port (discovery=kubernetes)")
 
     routing_policy: PolicyName = Field(
         "prefix_affinity",
-        description="replica selection: prefix_affinity, least_outstanding or round_robin",
-    )
+        description="replica selection: prefix_affinity, least_outstanding or round_robin")
     routing_policies: dict[str, PolicyName] = Field(
-        default={}, description='per model pool, JSON: {"model name": "policy"} (else the default)'
-    )
+        default={}, description='per model pool, JSON: {"model name": "policy"} (else the default)')
     # Defaults as (frozen) instances, not factories, so that --help shows each nested default.
     affinity: AffinitySettings = AffinitySettings()
     health_interval_s: float = Field(2.0, gt=0, description="active /health probe period")
     eject_after_failures: int = Field(
-        3, ge=1, description="consecutive request failures before a backend is ejected"
-    )
+        3, ge=1, description="consecutive request failures before a backend is ejected")
     eject_for_s: float = Field(10.0, gt=0, description="how long an ejected backend sits out")
     max_ejection_percent: int = Field(
-        50, ge=0, le=100, description="most of a pool passively ejected at once (at least one)"
-    )
+        50, ge=0, le=100, description="most of a pool passively ejected at once (at least one)")
     retries: int = Field(
-        1, ge=0, le=5, description="extra attempts on other replicas, only before the first byte"
-    )
+        1, ge=0, le=5, description="extra attempts on other replicas, only before the first byte")
     retry_budget: float = Field(
         0.2, ge=0, le=1, description="retries may be at most this share of the requests of the "
-                                     "last 10 s (plus retry_budget_min): a bound on retry load"
-    )
+                                     "last 10 s (plus retry_budget_min): a bound on retry load")
     retry_budget_min: int = Field(
-        3, ge=0, description="retries allowed per 10 s whatever the traffic"
-    )
+        3, ge=0, description="retries allowed per 10 s whatever the traffic")
     eject_failure_rate: float = Field(
         0.3, gt=0, le=1, description="a backend whose recent requests fail at this rate (moving "
-                                     "average) is ejected, unless it is the last one available"
-    )
+                                     "average) is ejected, unless it is the last one available")
 
     timeouts: Timeouts = Timeouts()
     flow: FlowSettings = FlowSettings()
     batch: BatchSettings = BatchSettings()
     edge: EdgeSettings = EdgeSettings()
     api_keys_file: Path | None = Field(
-        None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off"
-    )
+        None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off")
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="largest request body accepted (counted, not trusted)"
     )
     drain_timeout_s: float = Field(
-        30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish"
-    )
+        30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish")
     pools: list[PoolLayout] = Field(
         default=[],
         description='worker pool layouts, read-only info for llmserve_pool_info and /v1/models, '
-        'JSON: [{"name": "tp", "model": "m", "tp": 2, "pp": 1, "nodes": 1}]',
-    )
+        'JSON: [{"name": "tp", "model": "m", "tp": 2, "pp": 1, "nodes": 1}]')
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("backends", mode="before")
@@ -333,8 +287,7 @@ class GatewaySettings(BaseSettings):
             url = url.strip().rstrip("/")
             if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
                 raise ValueError(
-                    f"GATEWAY_BACKENDS: {url!r} is not a base URL like http://host:port"
-                )
+                    f"GATEWAY_BACKENDS: {url!r} is not a base URL like http://host:port")
             out.append(url)
         return out
 

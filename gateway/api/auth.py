@@ -13,8 +13,7 @@ from gateway.errors import AuthenticationFailed, send_error
 from gateway.flow.keys import KeyStore
 
 _MISSING = AuthenticationFailed(
-    "You didn't provide an API key. Provide it in the Authorization header as 'Bearer <key>'."
-)
+    "You didn't provide an API key. Provide it in the Authorization header as 'Bearer <key>'.")
 _INVALID = AuthenticationFailed("Incorrect API key provided.")
 _WWW = [(b"www-authenticate", b'Bearer realm="llmserve"')]
 

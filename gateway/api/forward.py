@@ -47,8 +47,7 @@ class Forwarder:
         rid = scope.get("state", {}).get("request_id")
         if rid:
             headers["x-request-id"] = rid
-        # Made-up model names skip the batcher (they end in 404 or 503 below): its metrics and
-        # its queues are per model, and a client must not mint those.
+        # Made-up model names skip the batcher, whose metrics and queues are per model.
         if (d.batcher is not None and self._kind == "completion" and not req.stream
                 and d.router.knows_model(model)):
             key = batch_key(req.body)

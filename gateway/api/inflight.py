@@ -17,8 +17,7 @@ from gateway.errors import Unavailable
 # What a request cut by the drain is told: retryable, and not the replica's fault.
 DRAIN_EXPIRED = Unavailable(
     "the gateway is shutting down and its drain timeout expired; retry the request",
-    code="shutting_down", retry_after=1.0,
-)
+    code="shutting_down", retry_after=1.0)
 
 
 class Exchange:

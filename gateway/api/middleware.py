@@ -73,8 +73,7 @@ class BodyLimitMiddleware:
                 if int(v) > limit:
                     # Declared too large: answer before reading a byte of it.
                     return send_error(send, self._too_large(), [(b"connection", b"close")])
-                # Declared within the limit: the server's parser delivers exactly that many
-                # body bytes (any further bytes are the next request), so nothing to count.
+                # Within the limit: the parser delivers exactly that many bytes, nothing to count.
                 return self.app(scope, receive, send)
         return self._counted(scope, receive, send)
 
@@ -92,9 +91,8 @@ class BodyLimitMiddleware:
                     raise self._too_large()
             return message
 
-        # `send` is deliberately not wrapped (that would cost a call per SSE event): handlers read
-        # the body before they respond, and the proxy and FastAPI's handlers turn PayloadTooLarge
-        # into a 413 themselves. This catch is the net for anything that lets it escape.
+        # `send` is not wrapped (a call per SSE event): the handlers answer PayloadTooLarge with a
+        # 413 themselves; this catch is the net for anything that lets it escape.
         try:
             await self.app(scope, counting_receive, send)
         except PayloadTooLarge as exc:

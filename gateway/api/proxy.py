@@ -61,9 +61,8 @@ class ProxyEndpoint:
             await send_error(send, exc)
             return
 
-        # From here a hang-up cancels this task, which unwinds into the upstream response's
-        # close(). The edge protocol reports it from connection_lost; other servers only through
-        # receive(), which a watcher task awaits.
+        # From here a hang-up cancels this task (closing the upstream response): the edge protocol
+        # reports it from connection_lost, other servers through receive(), awaited by a watcher.
         task = asyncio.current_task()
         state = scope.get("state", {})
         writer: ClientWriter | None = state.get(WRITER_KEY)
@@ -89,8 +88,7 @@ class ProxyEndpoint:
             elif task is not None:
                 task.uncancel()
         except Exception:
-            # A bug, not an upstream failure: log it, and answer in OpenAI's shape if we still can
-            # (this endpoint has no framework handler behind it).
+            # A bug: log it, and answer in OpenAI's shape if the client has seen nothing yet.
             log.exception("proxy error")
             with contextlib.suppress(Exception):
                 await send_error(send, GatewayError("internal error"))
@@ -107,8 +105,7 @@ class ProxyEndpoint:
     ) -> None:
         d = self._d
         flow = d.flow
-        # Unknown models skip admission (they end in 404 or 503 in the forwarder) so that
-        # made-up model names cannot create pools.
+        # Unknown models skip admission (404 or 503 later): made-up names must not create pools.
         if flow is None or not d.router.knows_model(req.model):
             await self._forward(scope, req, raw, send, ex, None, None)
             return

@@ -77,8 +77,7 @@ def check_answer(d: ProxyDeps, backend: Backend, status: int, body: bytes) -> No
             d.router.report_draining(backend)
     if status >= 500:
         raise UpstreamFailed(
-            f"replica answered HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
-        )
+            f"replica answered HTTP {status}: {body[:200].decode('utf-8', 'replace')}")
 
 
 def no_replica(d: ProxyDeps, model: str) -> GatewayError:
@@ -86,11 +85,9 @@ def no_replica(d: ProxyDeps, model: str) -> GatewayError:
     its replicas is healthy now (503)."""
     if d.router.knows_any_model() and not d.router.knows_model(model):
         return ModelNotFound(
-            f"The model '{model}' does not exist or is not served here", param="model"
-        )
+            f"The model '{model}' does not exist or is not served here", param="model")
     return Unavailable(
-        f"no healthy replica for model '{model}'", retry_after=d.settings.health_interval_s
-    )
+        f"no healthy replica for model '{model}'", retry_after=d.settings.health_interval_s)
 
 
 async def try_replicas(

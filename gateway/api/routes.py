@@ -24,9 +24,8 @@ def build_routes(
 
     @api.get("/v1/models")
     async def list_models() -> JSONResponse:
-        # The union over available replicas: a model whose replicas are all down is not listed.
-        # `llmserve` (an extension field; OpenAI clients ignore it): live replicas and the
-        # deployed layout when configured, so a benchmark report can describe what it measured.
+        # Models with an available replica. `llmserve` (an extension OpenAI clients ignore): live
+        # replicas and the configured layout, so a benchmark report can say what it measured.
         replicas = router.replicas()
         data = []
         for m in router.models():

@@ -47,8 +47,7 @@ def _check_messages(v: object) -> None:
     for i, m in enumerate(v):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise InvalidRequest(
-                f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
-            )
+                f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
 
 
 def _check_prompt(v: object) -> None:
@@ -61,8 +60,7 @@ def _check_prompt(v: object) -> None:
             return
     raise InvalidRequest(
         "prompt must be a string, an array of strings, or an array (of arrays) of token ids",
-        param="prompt",
-    )
+        param="prompt")
 
 
 def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
@@ -98,14 +96,12 @@ def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
             raise InvalidRequest("stream_options must be an object", param="stream_options")
         if not stream:
             raise InvalidRequest(
-                "stream_options is only allowed when stream is true", param="stream_options"
-            )
+                "stream_options is only allowed when stream is true", param="stream_options")
         iu = so.get("include_usage", False)
         if not isinstance(iu, bool):
             raise InvalidRequest(
                 "stream_options.include_usage must be a boolean",
-                param="stream_options.include_usage",
-            )
+                param="stream_options.include_usage")
         wants_usage = iu
 
     for name in COUNTS:

@@ -209,8 +209,7 @@ def split(raw: bytes, prompts: list[str], keep_token_ids: bool) -> list[BatchRes
     by_index = {int(c.get("index", i)): c for i, c in enumerate(choices)}
     if sorted(by_index) != list(range(len(prompts))):
         raise GatewayError(
-            f"batched upstream answer has {len(choices)} choices for {len(prompts)} prompts"
-        )
+            f"batched upstream answer has {len(choices)} choices for {len(prompts)} prompts")
     totals = usage_counts(obj.get("usage"))
     total_prompt, total_completion = totals or (0, 0)
     exact = all(isinstance(c.get("token_ids"), list) and isinstance(c.get("prompt_token_ids"),

@@ -87,8 +87,7 @@ class KeyStore:
             if k.digest in self._by_digest:
                 raise KeyFileError(
                     f"GATEWAY_API_KEYS_FILE: tenants {self._by_digest[k.digest].tenant!r} and "
-                    f"{k.tenant!r} list the same key hash"
-                )
+                    f"{k.tenant!r} list the same key hash")
             self._by_digest[k.digest] = k
 
     def lookup(self, presented: bytes) -> ApiKey | None:

@@ -83,8 +83,7 @@ class SharedLimits:
         timeout = settings.limits_redis_timeout_s
         self._redis: Any = aioredis.from_url(
             settings.limits_redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
-            retry_on_timeout=False,
-        )
+            retry_on_timeout=False)
         self._script = self._redis.register_script(_SCRIPT)
         self._fail_closed = settings.limits_redis_fail == "closed"
         self._retry_s = settings.limits_redis_retry_s

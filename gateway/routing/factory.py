@@ -70,5 +70,4 @@ def build_router(settings: GatewaySettings, prober: Prober) -> Router:
         eject_failure_rate=settings.eject_failure_rate,
         retry_budget=RetryBudget(settings.retry_budget, settings.retry_budget_min),
         max_ejection_percent=settings.max_ejection_percent,
-        policy_for=policy_for,
-    )
+        policy_for=policy_for)

@@ -17,8 +17,7 @@ Resolver = Callable[[str], Awaitable[list[str]]]
 async def resolve_a(name: str) -> list[str]:
     """IPv4 addresses of `name` through the system resolver (the loop's getaddrinfo)."""
     infos = await asyncio.get_running_loop().getaddrinfo(
-        name, None, family=socket.AF_INET, type=socket.SOCK_STREAM
-    )
+        name, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
     return sorted({str(info[4][0]) for info in infos})
 
 

@@ -83,8 +83,7 @@ def slice_urls(slice_obj: Any, port: int | str) -> frozenset[str]:
         return frozenset()
     return frozenset(
         f"http://[{a}]:{number}" if ":" in a else f"http://{a}:{number}"
-        for a in slice_addresses(slice_obj)
-    )
+        for a in slice_addresses(slice_obj))
 
 
 class Kubernetes:
@@ -119,8 +118,7 @@ class Kubernetes:
         while not stop.is_set():
             try:
                 listed: Any = api.list_namespaced_endpoint_slice(
-                    self._namespace, label_selector=selector
-                )
+                    self._namespace, label_selector=selector)
                 slices = {s.metadata.name: slice_urls(s, self._port) for s in listed.items}
                 emit(frozenset().union(*slices.values()))
                 rv = listed.metadata.resource_version
@@ -171,8 +169,7 @@ class Kubernetes:
 
         # Daemon: a watch blocked on a quiet stream ends at shutdown or at its timeout_seconds.
         thread = threading.Thread(
-            target=self._run, args=(stop, emit), daemon=True, name="k8s-discovery"
-        )
+            target=self._run, args=(stop, emit), daemon=True, name="k8s-discovery")
         thread.start()
         last: frozenset[str] | None = None
         try:
