@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -30,6 +29,16 @@ from gateway.transport.h1 import H1Transport
 from gateway.transport.prober import HttpProber
 
 log = logging.getLogger("gateway")
+
+
+async def every(period_s: float, step: Callable[[], Awaitable[None]], what: str) -> None:
+    """Run `step` every `period_s` until cancelled; a failure (a bug) is logged, not fatal."""
+    while True:
+        try:
+            await step()
+        except Exception:
+            log.exception("%s failed", what)
+        await asyncio.sleep(period_s)
 
 
 class FastLane:
@@ -73,37 +82,31 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
     admission = Admission(settings.flow, metrics) if settings.flow.enabled else None
     state = ProxyDeps(settings, router, transport, metrics, admission)
-    pressure = (PressureWatch(settings.flow, admission, router.backends, transport)
-                if admission is not None and settings.flow.scrape_engines else None)
+    # Admission watches the replicas' count (each pool's ceiling follows it) and the engines'
+    # queues, off the request path.
+    watches: list[tuple[float, Callable[[], Awaitable[None]], str]] = []
+    if admission is not None:
+        async def follow_replicas() -> None:
+            admission.set_replicas(router.replicas())
 
-    async def follow_replicas(adm: Admission) -> None:
-        # Each pool's ceiling follows its model's available replicas (Pool.set_replicas).
-        while True:
-            try:
-                adm.set_replicas(router.replicas())
-            except Exception:  # a bug: say so, keep the last ceilings, and keep following
-                log.exception("following the replicas' count failed")
-            await asyncio.sleep(settings.health_interval_s)
+        watches.append((settings.health_interval_s, follow_replicas, "following replicas"))
+        if settings.flow.scrape_engines:
+            pressure = PressureWatch(settings.flow, admission, router.backends, transport)
+            watches.append((settings.flow.scrape_interval_s, pressure.scrape_once,
+                            "engine pressure scrape"))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Start-up: discovery and health probing begin; /ready turns 200 once a replica answers.
         await router.start()
-        # Admission watches the engines' queues and the replicas' count, off the request path.
-        if pressure is not None:
-            await pressure.start()
-        replicas = (asyncio.create_task(follow_replicas(admission), name="admission-replicas")
-                    if admission is not None else None)
+        tasks = [asyncio.create_task(every(*w)) for w in watches]
         try:
             yield
         finally:
             # Shutdown: uvicorn drained in-flight requests; stop probing, close upstream sockets.
-            if replicas is not None:
-                replicas.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await replicas
-            if pressure is not None:
-                await pressure.stop()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             if admission is not None:
                 await admission.close()
             if state.batcher is not None:

@@ -9,7 +9,6 @@ request caught between arrival and the next engine step), or KV cache usage at o
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,8 +19,6 @@ from gateway.flow.admission import Admission
 from gateway.routing.backend import Backend
 from gateway.settings import FlowSettings
 from gateway.transport.base import Transport
-
-log = logging.getLogger("gateway.flow.pressure")
 
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -64,15 +61,6 @@ class PressureWatch:
         self._backends = backends
         self._transport = transport
         self._waiting_before: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="engine-pressure")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     async def scrape_once(self) -> None:
         backends = [b for b in self._backends() if b.probe_ok and b.models]
@@ -100,11 +88,3 @@ class PressureWatch:
         if status != 200:
             return None
         return parse_engine_load(body.decode("utf-8", "replace"))
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.scrape_once()
-            except Exception:  # a bug here must not stop admission control from working
-                log.exception("engine pressure scrape failed")
-            await asyncio.sleep(self._s.scrape_interval_s)
