@@ -14,7 +14,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 
@@ -49,7 +49,6 @@ class HistogramValue:
 
 
 V = TypeVar("V", CounterValue, HistogramValue)
-Family = CounterMetricFamily | HistogramMetricFamily
 
 
 class _Family(Collector, Generic[V]):
@@ -67,9 +66,6 @@ class _Family(Collector, Generic[V]):
     @abstractmethod
     def _new(self) -> V: ...
 
-    @abstractmethod
-    def _family(self, children: Iterable[tuple[tuple[str, ...], V]]) -> Family: ...
-
     def labels(self, *values: str) -> V:
         child = self._children.get(values)
         if child is None:
@@ -78,22 +74,19 @@ class _Family(Collector, Generic[V]):
             child = self._children[values] = self._new()
         return child
 
-    def describe(self) -> Iterator[Family]:
-        yield self._family(())
-
-    def collect(self) -> Iterator[Family]:
-        yield self._family(list(self._children.items()))
+    def describe(self) -> Iterable[Metric]:
+        return self.collect()  # the names, for the registry's duplicate check
 
 
 class LoopCounter(_Family[CounterValue]):
     def _new(self) -> CounterValue:
         return CounterValue()
 
-    def _family(self, children: Iterable[tuple[tuple[str, ...], CounterValue]]) -> Family:
+    def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
-        for key, child in children:
+        for key, child in list(self._children.items()):
             family.add_metric(list(key), child.value)
-        return family
+        yield family
 
 
 class LoopHistogram(_Family[HistogramValue]):
@@ -106,12 +99,12 @@ class LoopHistogram(_Family[HistogramValue]):
     def _new(self) -> HistogramValue:
         return HistogramValue(self._bounds)
 
-    def _family(self, children: Iterable[tuple[tuple[str, ...], HistogramValue]]) -> Family:
+    def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
-        for key, child in children:
+        for key, child in list(self._children.items()):
             cumulative, acc = [], 0.0
             for edge, n in zip(self._edges, list(child.counts), strict=True):
                 acc += n
                 cumulative.append((edge, acc))
             family.add_metric(list(key), cumulative, child.sum)
-        return family
+        yield family
