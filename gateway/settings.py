@@ -18,11 +18,8 @@ PolicyName = Literal["prefix_affinity", "least_outstanding", "round_robin"]
 
 
 class Timeouts(BaseModel):
-    """Every deadline of one upstream request, as one value object.
-
-    `first_byte_s` covers the engine's queueing and prefill, so it is far longer than `connect_s`;
-    `idle_s` bounds the gap between two SSE events once tokens flow; `total_s` caps the request.
-    """
+    """Every deadline of one upstream request. `first_byte_s` covers the engine's queueing and
+    prefill; `idle_s` bounds the gap between two SSE events; `total_s` caps the request."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -44,10 +41,8 @@ class Timeouts(BaseModel):
 class FlowSettings(BaseModel):
     """Admission control per backend pool: adaptive concurrency limit, fair queue, rejections.
 
-    The client-visible TTFT target is split in two: a request may wait up to `queue_timeout_s` in
-    the gateway's queue, and the limiter keeps the engines' own TTFT under the rest
-    (`ttft_target_s - queue_timeout_s`), so admitted requests stay within `ttft_target_s`.
-    """
+    A request may wait up to `queue_timeout_s` in the queue, and the limiter keeps the engines'
+    TTFT under the rest of `ttft_target_s`, so admitted requests stay within the target."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

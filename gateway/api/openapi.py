@@ -12,20 +12,11 @@ from typing import Any
 
 from gateway.api.schemas import COUNTS, RANGES
 
-_ERROR = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {"error": {
-        "type": "object",
-        "required": ["message", "type", "param", "code"],
-        "properties": {
-            "message": {"type": "string"},
-            "type": {"type": "string"},
-            "param": {"type": ["string", "null"]},
-            "code": {"type": ["string", "null"]},
-        },
-    }},
-}
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}},
+}}}
 
 _WHY = {
     "400": "the request is malformed (the error's param names the field)",
@@ -60,8 +51,7 @@ _COMMON: dict[str, Any] = {
 }
 
 _CHAT = {
-    "type": "object",
-    "required": ["model", "messages"],
+    "type": "object", "required": ["model", "messages"],
     "properties": {**_COMMON, "messages": {
         "type": "array", "minItems": 1,
         "items": {"type": "object", "required": ["role"],
@@ -71,8 +61,7 @@ _CHAT = {
 
 _TOKENS = {"type": "array", "minItems": 1, "items": {"type": "integer", **_INT64}}
 _COMPLETION = {
-    "type": "object",
-    "required": ["model", "prompt"],
+    "type": "object", "required": ["model", "prompt"],
     "properties": {**_COMMON, "prompt": {"anyOf": [
         {"type": "string"},
         {"type": "array", "minItems": 1, "items": {"type": "string"}},
@@ -91,8 +80,7 @@ def _completion_op(summary: str, body: dict[str, Any]) -> dict[str, Any]:
                                    "(a stream broken after its first byte ends with one error "
                                    "event)",
                     "content": {"application/json": {"schema": {"type": "object"}},
-                                # Each event's data is a JSON chunk, the last
-                                # one the literal [DONE]: no one schema fits both.
+                                # JSON chunks, then the literal [DONE]: no one schema.
                                 "text/event-stream": {"schema": {}}}},
             **_errors("400", "401", "404", "413", "429", "502", "503", "504"),
         },

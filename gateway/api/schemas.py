@@ -17,7 +17,7 @@ Kind = Literal["chat", "completion"]
 
 # The sampling fields checked here (api/openapi.py documents them from the same tables).
 COUNTS = ("max_tokens", "max_completion_tokens", "n")  # integers >= 1
-RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}  # numbers within [lo, hi]
+RANGES = {"temperature": (0, 2), "top_p": (0, 1)}  # numbers within [lo, hi]
 
 
 @dataclass(slots=True)

@@ -48,8 +48,6 @@ def prefix_hashes(data: bytes, chunk: int, max_chunks: int) -> list[int]:
     match again. CRC-32: one C call per chunk, and a rare collision only costs one cache miss."""
     n = min(len(data) // chunk, max_chunks)
     out: list[int] = []
-    if n == 0:
-        return out
     mv = memoryview(data)
     h = 0
     for i in range(0, n * chunk, chunk):

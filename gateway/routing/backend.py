@@ -5,9 +5,7 @@ from __future__ import annotations
 
 class CacheLife:
     """One life of a replica's KV cache: affinity policies remember this token, not the Backend.
-
-    The router replaces it when the replica's probe fails (an engine that restarts loses its
-    cache), so what was learned about the old cache no longer matches without any table scan."""
+    The router replaces it when the replica's probe fails (a restarted engine lost its cache)."""
 
     __slots__ = ("backend", "footprint")
 

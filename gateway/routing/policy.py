@@ -30,13 +30,8 @@ class RoutingPolicy(Protocol):
 
 
 class LeastOutstanding:
-    """Fewest requests in flight through this gateway; ties rotate.
-
-    Rotation matters: at low load every replica ties at zero, and a fixed tie-break would send
-    every sequential request to the same replica. The rotation runs over the tied set itself
-    (the k-th tied candidate, k counting up), so ties stay fair even when loaded replicas sit
-    between idle ones.
-    """
+    """Fewest requests in flight through this gateway; ties rotate (at low load every replica
+    ties at zero), over the tied set itself, so ties stay fair between loaded replicas too."""
 
     __slots__ = ("_turn",)
     uses_affinity: ClassVar[bool] = False

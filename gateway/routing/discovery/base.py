@@ -14,6 +14,5 @@ class Discovery(Protocol):
 
 
 class DiscoveryError(Exception):
-    """A discovery source cannot work as configured (raised at construction, i.e. start-up).
-
-    The message names the setting to fix; the CLI prints it on one line."""
+    """A discovery source cannot work as configured (raised at start-up); the message names the
+    setting to fix, and the CLI prints it on one line."""

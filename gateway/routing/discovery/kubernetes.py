@@ -87,11 +87,8 @@ def slice_urls(slice_obj: Any, port: int | str) -> frozenset[str]:
 
 
 class Kubernetes:
-    """Backends = ready endpoints of the EndpointSlices labelled kubernetes.io/service-name=S.
-
-    `port` is the backend (container) port as EndpointSlices list it: a number, or the name of
-    the Service port (e.g. "http"), resolved per slice.
-    """
+    """Backends = ready endpoints of the EndpointSlices labelled kubernetes.io/service-name=S, on
+    `port`: a number, or a port name (e.g. "http") resolved per slice."""
 
     def __init__(
         self,
