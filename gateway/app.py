@@ -42,12 +42,9 @@ async def every(period_s: float, step: Callable[[], Awaitable[None]], what: str)
 
 
 class FastLane:
-    """POST /v1/chat/completions and /v1/completions go straight to the proxy; the rest to FastAPI.
-
-    FastAPI/Starlette wrap `send` three times, and a wrapper on `send` runs once per SSE event;
-    the proxy owns its error handling (OpenAI shape, in-band stream errors), so on this path those
-    layers would add cost and nothing else.
-    """
+    """POST /v1/chat/completions and /v1/completions go straight to the proxy; the rest to FastAPI,
+    whose three wrappers of `send` would run once per SSE event and add nothing on this path (the
+    proxy owns its error handling)."""
 
     def __init__(self, app: ASGIApp, endpoints: dict[str, ProxyEndpoint]) -> None:
         self.app = app
@@ -138,10 +135,8 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
 
 
 class GatewayApp:
-    """The ASGI app uvicorn serves: middleware around the fast lane and the FastAPI app.
-
-    Its `__call__` hands back the middleware's awaitable, as FastLane's does. uvicorn tells ASGI 3
-    from ASGI 2 by a coroutine `__call__`, so a uvicorn.Config serving this must say
+    """The ASGI app uvicorn serves: middleware around the fast lane and the FastAPI app. Its
+    `__call__` is not a coroutine function (as FastLane's), so uvicorn must be told
     `interface="asgi3"` (gateway/server.py does)."""
 
     def __init__(self, asgi: ASGIApp, api: FastAPI, state: ProxyDeps) -> None:

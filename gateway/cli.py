@@ -1,9 +1,8 @@
 """`llmserve-gateway` (`python -m gateway`) flags: every GatewaySettings field, added by
-pydantic-settings' CliSettingsSource, so settings and flags never drift.
-
-Flags override env (`GATEWAY_*`), which overrides defaults. Nested objects get dotted flags
-(`--flow.max-limit`, `--no-flow.enabled`); lists repeat (`--backend URL --backend URL`). A bad
-flag or env var ends the process with one line, `llmserve-gateway: error: ...`, and exit code 2.
+pydantic-settings' CliSettingsSource, so settings and flags never drift. Flags override env
+(`GATEWAY_*`), which overrides defaults; nested objects get dotted flags (`--flow.max-limit`);
+lists repeat (`--backend URL --backend URL`). A bad flag or env var ends the process with one
+line, `llmserve-gateway: error: ...`, and exit code 2.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Metric families updated on the event loop only: plain numbers, no lock per update.
-
-prometheus_client guards every value with a lock, since any thread may update it; the proxy
-updates about fifteen values per request, all on the event loop. These families keep the same
-exposition (names, `_total`, `_bucket{le}`, `_sum`, `_count`), built when Prometheus scrapes, and
-are only for values the event loop alone writes. A scrape from another thread may read a
-histogram between its bucket and its sum, as prometheus_client's own can.
+"""Metric families updated on the event loop only: plain numbers, no lock per update (the proxy
+updates about fifteen values per request). The exposition is prometheus_client's (names, `_total`,
+`_bucket{le}`, `_sum`, `_count`), built when Prometheus scrapes. A scrape from another thread may
+read a histogram between its bucket and its sum, as prometheus_client's own can.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Token usage as an upstream reports it, validated once for every path that counts it.
 
-An OpenAI-compatible upstream is not trusted to send well-formed usage. Usage that is not two
-non-negative integers is *unknown*: the answer is relayed untouched, no tokens are counted
-(neither in the token metrics nor against a key's TPM), and
-`llmserve_upstream_usage_invalid_total` says how often it happened.
+Usage that is not two non-negative integers is *unknown*: the answer is relayed untouched, no
+tokens are counted (neither in metrics nor against a key's TPM), and
+`llmserve_upstream_usage_invalid_total` counts it.
 """
 
 from __future__ import annotations

@@ -9,11 +9,9 @@ from gateway.errors import GatewayError, RateLimitedLog
 from gateway.flow.tenants import Tenant
 from gateway.metrics import GatewayMetrics
 
-# The proxy's logger: these lines are about proxied requests.
 log = logging.getLogger("gateway.proxy")
 
-# Why a client saw a 502/504: which replica, what it said. Rate-limited: a failing replica under
-# load would otherwise write a line per request.
+# Why a client saw a 502/504: which replica, what it said (rate-limited, not a line per request).
 _failures = RateLimitedLog(log)
 
 

@@ -1,7 +1,5 @@
-"""One admitted request on its way to a replica: through the batcher, or to replicas in turn.
-
-A failed attempt is retried on another replica only while nothing has reached the client: the
-streamed relay holds the response head back until the first upstream event for that reason.
+"""One admitted request on its way to a replica: through the batcher, or to replicas in turn,
+retried elsewhere only while nothing has reached the client (the relay holds the head back).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The proxy's requests in flight, so that the drain can end them cleanly when it expires.
 
-uvicorn's graceful-shutdown timeout cancels every request task: a stream cut that way just stops
-(the client cannot tell it from an answer that lost its tail), a queued request gets no answer,
-and uvicorn logs a traceback per task. So the gateway's own drain timer fires first
-(gateway/server.py): `InFlight.expire` marks each open exchange and cancels its task, and the
-proxy answers a 503, or one in-band error event mid-stream. uvicorn's cancel stays as a backstop.
+uvicorn's graceful-shutdown timeout cancels every request task: a stream just stops (as if it
+lost its tail), a queued request gets no answer, and a traceback is logged per task. So the
+gateway's drain timer fires first (gateway/server.py): `InFlight.expire` cancels each open
+exchange's task, marked, and the proxy answers a 503, or one in-band error event mid-stream.
 """
 
 from __future__ import annotations

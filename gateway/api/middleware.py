@@ -1,8 +1,6 @@
-"""Pure ASGI middleware: request id, body limit.
-
-Not `BaseHTTPMiddleware`: it buffers through an anyio stream, which breaks SSE pass-through and
-hides `http.disconnect` from the endpoint. Each class here touches only the messages it must, since
-anything that wraps `send` runs once per SSE event.
+"""Pure ASGI middleware: request id, body limit. Not `BaseHTTPMiddleware`, which buffers through an
+anyio stream (breaking SSE pass-through, hiding `http.disconnect`); anything that wraps `send`
+runs once per SSE event, so each class touches only the messages it must.
 """
 
 from __future__ import annotations

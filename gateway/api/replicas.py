@@ -1,9 +1,7 @@
-"""Which replica answers a request, and what its answer says about it.
-
-Shared by the proxy (api/forward.py) and the batcher's upstream call: replicas tried in turn with
-retries drawn from the retry budget, the affinity key, passive health (a 5xx fails the replica, a
-`draining` 503 takes it out at once, a 4xx is the caller's), and the error for a model no replica
-serves.
+"""Which replica answers a request, and what its answer says about it, for the proxy and the
+batcher: replicas in turn within the retry budget, the affinity key, passive health (a 5xx fails
+the replica, a `draining` 503 takes it out at once, a 4xx is the caller's), and the error for a
+model no replica serves.
 """
 
 from __future__ import annotations
@@ -94,12 +92,10 @@ async def try_replicas(
     d: ProxyDeps, model: str, tried: list[Backend], attempt: Callable[[Backend], Awaitable[T]],
     route: RouteRequest | None = None,
 ) -> T:
-    """Run `attempt` on `model`'s replicas in turn (each added to `tried`) until one returns.
-
-    A GatewayError from an attempt means the client has seen nothing: it is booked against that
-    replica (passive health, metrics) and the next one is tried, within `retries` and the retry
-    budget. Raises the last attempt's error, or `no_replica`'s when none could be tried (`tried`
-    is empty then)."""
+    """Run `attempt` on `model`'s replicas in turn (each added to `tried`) until one returns. A
+    GatewayError from it (the client has seen nothing) is booked against that replica and the
+    next one is tried, within `retries` and the retry budget. Raises the last attempt's error,
+    or `no_replica`'s when none could be tried (`tried` is empty then)."""
     last_error: GatewayError | None = None
     for _ in range(d.settings.retries + 1):
         backend = next_replica(d, model, tried, route)

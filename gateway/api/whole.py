@@ -1,7 +1,4 @@
-"""Whole (non-streamed) answers: from a replica, or from the batcher, as one JSON body.
-
-A whole answer has no first token to time: E2E is observed, never TTFT.
-"""
+"""Whole (non-streamed) answers, from a replica or from the batcher: E2E is observed, not TTFT."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The probes' own listener: /health, /ready and /metrics on a port of their own.
-
-A flood of the API port fills its connection cap; the kubelet's probes still get through here.
-uvicorn's shutdown closes only its own listener, so this one answers through the drain (/ready
-503, /health 200) until the process exits.
+"""The probes' own listener: /health, /ready and /metrics on a port of their own, so that they get
+through a flood of the API port, and answer through the drain (/ready 503, /health 200).
 """
 
 from __future__ import annotations

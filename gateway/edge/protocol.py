@@ -9,15 +9,13 @@
   closes the connection instead of reading the rest;
 - connections over `max_connections` are closed at accept.
 
-Deadlines are armed only when a read leaves a head or a body incomplete, so a request that
-arrives whole costs no timer. A refused connection is answered where the client can still read
-it, then its write side is shut and input dropped until the client closes, or for `_LINGER_S` or
-`_LINGER_BYTES` at most: closing with unread input resets the connection, which can destroy the
-answer before the client reads it.
+Deadlines are armed only when a read leaves a head or a body incomplete. A refusal is answered
+where the client can still read it, then input is dropped until the client closes (or for
+`_LINGER_S` / `_LINGER_BYTES`): closing with unread input would reset the answer away.
 
-uvicorn copies the constructor's `app_state` into every request's `scope["state"]`: that is how a
-request finds its connection's `ConnectionWriter`. The protocol's own state has class-private
-names, so that no attribute a later uvicorn adds can collide with it.
+uvicorn copies `app_state` into every request's `scope["state"]`: that is how a request finds its
+connection's `ConnectionWriter`. The protocol's own state has class-private names, so that no
+attribute a later uvicorn adds can collide with it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""A client connection as the proxy's streamed relay writes to it (api/splice.py's ClientWriter).
-
-The relay writes a streamed response's middle events as chunk frames straight to the transport.
-It needs the transport, whether its write buffer is full (the protocol forwards asyncio's
-`pause_writing`/`resume_writing`), and a hang-up callback, set by the proxy per request so that
-no task has to wait on `receive()` for the disconnect.
+"""A client connection as the proxy's streamed relay writes to it (api/splice.py's ClientWriter):
+its transport, whether its write buffer is full (the protocol forwards `pause_writing` and
+`resume_writing`), and a hang-up callback the proxy sets per request, so that no task has to wait
+on `receive()` for the disconnect.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Adaptive batching: compatible non-streaming /v1/completions become one multi-prompt request.
 
-Compatible: same model, every field but `prompt` equal (the key is the canonical JSON of the
-rest), a single-string prompt and n == 1, so choice `i` of the upstream answer is member `i`'s.
-A batch opened while the model has nothing in flight here and nothing queued leaves on the next
-event-loop turn; under load the window grows with the prompts in flight plus the admission
-queue, up to `max_delay_s`, and a batch of `max_size` leaves at once.
+Compatible: same model, every field but `prompt` equal, a single-string prompt and n == 1, so
+choice `i` of the upstream answer is member `i`'s. An idle model's batch leaves on the next loop
+turn; under load the window grows with the prompts in flight plus the admission queue, up to
+`max_delay_s`, and a batch of `max_size` leaves at once.
 
 Each member's answer has its choice re-indexed to 0 and its own usage: exact from
 `return_token_ids` (asked for, and stripped unless the members asked), else split in proportion

@@ -5,13 +5,9 @@ File format (`GATEWAY_API_KEYS_FILE`)::
     {"keys": [{"tenant": "acme", "sha256": "<64 hex chars>", "rpm": 600, "tpm": 200000,
                "priority": "normal", "max_priority": "high", "weight": 1.0}]}
 
-Only hashes are stored, so the file does not hand out working keys; `python -m gateway.flow.keys`
-reads a key on stdin and prints its hash.
-
-Lookup hashes the presented key and finds the entry by that digest (its timing could reveal at
-most how a SHA-256 output compares with stored ones, which an attacker can neither steer nor
-invert); the final comparison is `hmac.compare_digest`. The key itself is never kept, put in an
-exception message, or passed to a logger.
+Only hashes are stored, so the file hands out no working key (`python -m gateway.flow.keys`
+prints a key's hash). Lookup is by the presented key's digest (whose timing reveals nothing an
+attacker can steer), then `hmac.compare_digest`; the key is never kept, raised or logged.
 """
 
 from __future__ import annotations

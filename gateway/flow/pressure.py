@@ -1,9 +1,7 @@
-"""Engine pressure: the engines' own queue and KV cache, scraped from their /metrics.
-
-The limiter's TTFT signal arrives one prefill late; vLLM reports trouble earlier. A pool backs
-off when one of its engines reports waiting requests on two scrapes in a row (one is often a
-request caught between arrival and the next engine step), or KV cache usage at or above
-`kv_cache_high` (about to preempt). One GET per backend per `scrape_interval_s`, off the hot path.
+"""Engine pressure: the engines' own queue and KV cache, scraped from their /metrics, off the hot
+path. The limiter's TTFT signal arrives one prefill late; vLLM says earlier. A pool backs off when
+an engine reports waiting requests on two scrapes in a row (one is often a request caught
+between arrival and the next engine step), or KV cache usage at `kv_cache_high` or above.
 """
 
 from __future__ import annotations

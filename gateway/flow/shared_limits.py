@@ -1,12 +1,10 @@
 """Per-key limits shared by every gateway replica, kept in Redis.
 
 Without it N replicas give a tenant N times its limit. With `GATEWAY_FLOW__LIMITS_REDIS_URL`, a
-key's two token buckets live in Redis: one Lua script call per request of a limited key, tokens
-debited afterwards without waiting, on Redis's own clock (replicas' clocks may be skewed).
-
-When Redis fails, `limits_redis_fail` decides: `open` admits, `closed` refuses with 503; either
-way Redis is not asked again for `limits_redis_retry_s`, so an outage costs one timeout per
-period, not one per request.
+key's two token buckets live in Redis: one Lua script call per request of a limited key, on
+Redis's own clock; tokens are debited afterwards without waiting. When Redis fails,
+`limits_redis_fail` decides (`open` admits, `closed` answers 503), and Redis is not asked again
+for `limits_redis_retry_s`: an outage costs one timeout per period, not one per request.
 """
 
 from __future__ import annotations
@@ -26,12 +24,10 @@ from gateway.settings import FlowSettings
 
 log = logging.getLogger("llmserve.gateway.limits")
 
-# A token bucket per key, lazily refilled from the time since its last touch (as in buckets.py).
-# KEYS[1] the requests bucket, KEYS[2] the tokens bucket. ARGV: op, rpm, tpm, n.
-#   admit: the tokens bucket must be above zero (debit-after), then take one request.
-#   refund: give one request back.   debit: take n tokens (may go negative).
-# Returns the wait in seconds as a string ("0" admits), prefixed "rpm:" or "tpm:" on refusal;
-# Lua numbers would be truncated to integers on the way out.
+# The token buckets of buckets.py. KEYS: the requests and tokens buckets; ARGV: op, rpm, tpm, n.
+# admit: the tokens bucket above zero, then take a request; refund: give one back; debit: take n
+# tokens. Returns the wait as a string (Lua numbers would leave as integers): "0" admits, else
+# prefixed "rpm:" or "tpm:".
 _SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6

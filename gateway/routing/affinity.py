@@ -3,12 +3,10 @@
 vLLM reuses the KV cache of a prefix it has seen, so a chat session's next turn is cheap on the
 replica that served its last one. docs/routing.md has the design and its measurements; in short:
 
-- The prompt is hashed in fixed-size chunks, each hash covering everything before it (a running
-  CRC-32), so turn N+1 contains turn N's hashes. An explicit key (a session header, the `user`
-  field) replaces the prefix when the caller gives one.
+- The prompt is hashed in chunks, each hash covering everything before it (a running CRC-32), so
+  turn N+1 contains turn N's hashes; an explicit key (session header, `user`) replaces it.
 - An LRU table (`max_entries`) maps checkpoint hashes (chunks 1, 2, 4, 8, ... and the last) to the
-  `CacheLife` of the replica that served them. The router gives a replica a new one when its
-  probe fails or it rejoins, so an entry about a lost cache is a miss, without a scan.
+  `CacheLife` of the replica that served them; a replica whose cache is lost gets a new one.
 - A hit goes to its replica unless that would exceed `(1 + balance)` x the mean load (consistent
   hashing with bounded loads), plus `slack`, plus one request per `miss_cost_bytes` of the prefix
   it holds (what leaving would cost in prefill).

@@ -1,10 +1,7 @@
-"""A retry budget: retries may be at most a share of recent requests (Finagle's RetryBudget,
-Envoy's retry_budget).
-
-A retry hides one replica's failure from the client, but when replicas fail broadly every retry
-is load on the ones still answering: at most `ratio` of recent requests (20%: 1.2x at worst),
-plus `min_retries` per window so that light traffic can retry at all. "Recent" is a sliding
-window of `window_s`, approximated by two fixed windows.
+"""A retry budget (Finagle's RetryBudget, Envoy's retry_budget): when replicas fail broadly,
+every retry is load on the ones still answering, so retries are at most `ratio` of recent
+requests (20%: 1.2x at worst) plus `min_retries` per window, for light traffic. "Recent" is a
+sliding window of `window_s`, approximated by two fixed windows.
 """
 
 from __future__ import annotations

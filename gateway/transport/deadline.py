@@ -1,8 +1,5 @@
-"""One lazily re-armed timer per upstream request: first byte, inter-chunk idle, total.
-
-Rather than re-arming a timer per received chunk, the reader records the time of the last chunk
-(one clock read and a float store) and a single timer re-arms itself only when it finds the
-deadline moved.
+"""One lazily re-armed timer per upstream request: first byte, inter-chunk idle, total. The reader
+records the time of each chunk; the timer re-arms itself only when it finds the deadline moved.
 """
 
 from __future__ import annotations
