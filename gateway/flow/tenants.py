@@ -33,7 +33,7 @@ class Tenant:
         self.default_cls = default_cls
         # The most urgent class this tenant may ask for (lower is more urgent).
         self.min_cls = min_cls
-        # labels() costs a dict lookup and a lock per call: resolve once per tenant.
+        # Label children resolved once per tenant, not per request.
         self._requests = metrics.tenant_requests.labels(name)
         self._input = metrics.tenant_tokens.labels(name, "input")
         self._output = metrics.tenant_tokens.labels(name, "output")
