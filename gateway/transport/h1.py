@@ -92,7 +92,7 @@ class _Conn(asyncio.Protocol):
         # as one chunk (one downstream write per upstream read, however many SSE events a burst
         # packed into it), with the time it arrived.
         if chunks:
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            body = b"".join(chunks)  # one chunk: itself, not a copy
             chunks.clear()
             now = self._time()
             d = self.deadline
@@ -152,7 +152,7 @@ class _Conn(asyncio.Protocol):
         while True:
             chunks = self._chunks
             if chunks:
-                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                body = b"".join(chunks)  # one chunk: itself, not a copy
                 chunks.clear()
                 self._buffered = 0
                 if self._paused and self.transport is not None:
