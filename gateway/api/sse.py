@@ -13,9 +13,8 @@ from gateway.usage import usage_counts
 
 EVENT_END = b"\n\n"
 DONE_EVENT = b"data: [DONE]\n\n"
-# vLLM emits compact JSON; the spaced form covers other OpenAI-compatible upstreams.
-_USAGE_MARKERS = (b'"usage":{', b'"usage": {')
-# One scan per chunk finds both forms (and `"usage":null`, which `take` then passes through).
+# Found in vLLM's compact JSON and in the spaced form of other OpenAI-compatible upstreams (and in
+# `"usage":null`, which `take` then passes through): one scan per chunk.
 USAGE_KEY = b'"usage":'
 
 
@@ -40,23 +39,19 @@ class Usage:
         located and parsed, never the whole chunk."""
         out: list[bytes] = []
         pos = 0
-        while True:
-            hit = -1
-            for marker in _USAGE_MARKERS:
-                i = chunk.find(marker, pos)
-                if i >= 0 and (hit < 0 or i < hit):
-                    hit = i
-            if hit < 0:
-                out.append(chunk[pos:])
-                return b"".join(out) if len(out) > 1 else out[0]
+        while (hit := chunk.find(USAGE_KEY, pos)) >= 0:
             start = chunk.rfind(EVENT_END, pos, hit)
             start = pos if start < 0 else start + 2
             end = chunk.find(EVENT_END, hit) + 2  # the chunk ends with EVENT_END, so this is found
-            usage_only = self._record(chunk[start : end - 2])
-            out.append(chunk[pos:start])
-            if not (usage_only and self._strip):
-                out.append(chunk[start:end])
+            if self._record(chunk[start : end - 2]) and self._strip:
+                out.append(chunk[pos:start])  # the usage-only event, dropped
+            else:
+                out.append(chunk[pos:end])
             pos = end
+        if not out:
+            return chunk
+        out.append(chunk[pos:])
+        return b"".join(out)
 
     def _record(self, event: bytes) -> bool:
         """Record the usage an event carries; True if it is the usage-only final chunk."""
