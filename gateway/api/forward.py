@@ -37,7 +37,7 @@ class Forwarder:
         d = self._d
         model = req.model
         if req.stream and not req.client_wants_usage:
-            # Ask for usage on our own account (token metrics); SseRelay strips it again.
+            # Ask for usage on our own account (token metrics); the relay strips it again.
             req.body["stream_options"] = {**(req.body.get("stream_options") or {}),
                                           "include_usage": True}
             raw = orjson.dumps(req.body)

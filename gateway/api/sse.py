@@ -1,12 +1,8 @@
-"""Per-chunk work on an upstream SSE stream: framing, usage accounting, usage stripping.
+"""The usage an upstream SSE stream reports: found, counted, and stripped when the client did not
+ask for it (the gateway asks on its own account, for token metrics and per-key limits).
 
-Chunks are forwarded as they arrive (several events may share one chunk under load; that is a free
-win, not buffering). Only two things are ever held back:
-- a trailing partial event, until its end arrives, so the client never sees half an event and the
-  usage scan below always sees whole events;
-- the usage event, when the gateway asked for usage on its own account and the client did not.
-
-The common chunk costs one C-level byte scan (`in`) and an `endswith`, and nothing else.
+The streamed relay (api/splice.py) hands a chunk of whole events here only when it holds a usage
+marker; the common chunk costs the relay one C-level scan and nothing here.
 """
 
 from __future__ import annotations
@@ -17,82 +13,47 @@ from gateway.usage import usage_counts
 
 EVENT_END = b"\n\n"
 DONE_EVENT = b"data: [DONE]\n\n"
-# vLLM emits compact JSON; the spaced form covers other OpenAI-compatible upstreams.
-_USAGE_MARKERS = (b'"usage":{', b'"usage": {')
-# One scan per chunk finds both forms (and `"usage":null`, which _take_usage then passes through):
-# each scan of a chunk costs about 1% of the gateway's CPU at a real pace (py-spy --native).
+# Found in vLLM's compact JSON and in the spaced form of other OpenAI-compatible upstreams (and in
+# `"usage":null`, which `take` then passes through): one scan per chunk.
 USAGE_KEY = b'"usage":'
 
 
-class SseRelay:
-    __slots__ = (
-        "_strip_usage",
-        "completion_tokens",
-        "pending",
-        "prompt_tokens",
-        "saw_done",
-        "usage_known",
-    )
+class Usage:
+    """The latest token counts a stream reported, and whether to strip the usage-only event."""
 
-    def __init__(self, strip_usage: bool) -> None:
-        self._strip_usage = strip_usage
-        self.pending = b""
+    __slots__ = ("_strip", "completion_tokens", "known", "prompt_tokens")
+
+    def __init__(self, strip: bool) -> None:
+        self._strip = strip
         self.prompt_tokens = 0
         self.completion_tokens = 0
         # False until a well-formed usage arrives, and again if a later one is malformed: then
         # the counts above are not to be trusted (gateway/usage.py).
-        self.usage_known = False
-        self.saw_done = False
+        self.known = False
 
-    def feed(self, chunk: bytes) -> bytes:
-        """Return the bytes to forward now (possibly b"")."""
-        if self.pending:
-            chunk = self.pending + chunk
-            self.pending = b""
-        if not chunk.endswith(EVENT_END):
-            cut = chunk.rfind(EVENT_END)
-            if cut < 0:
-                self.pending = chunk
-                return b""
-            self.pending = chunk[cut + 2 :]
-            chunk = chunk[: cut + 2]
-        if USAGE_KEY in chunk:
-            chunk = self._take_usage(chunk)
-        if chunk.endswith(DONE_EVENT):
-            self.saw_done = True
-        return chunk
-
-    def flush(self) -> bytes:
-        """At upstream EOF: whatever partial event is left (a well-formed stream leaves none)."""
-        rest, self.pending = self.pending, b""
-        return rest
-
-    def _take_usage(self, chunk: bytes) -> bytes:
-        """Record (and maybe drop) the event(s) carrying usage; touch nothing else in the chunk.
+    def take(self, chunk: bytes) -> bytes:
+        """Record (and maybe drop) the event(s) carrying usage in a chunk of whole events; return
+        the chunk to forward, nothing else in it touched.
 
         Under load one chunk holds a whole answer, so only the events around each usage marker are
         located and parsed, never the whole chunk."""
         out: list[bytes] = []
         pos = 0
-        while True:
-            hit = -1
-            for marker in _USAGE_MARKERS:
-                i = chunk.find(marker, pos)
-                if i >= 0 and (hit < 0 or i < hit):
-                    hit = i
-            if hit < 0:
-                out.append(chunk[pos:])
-                return b"".join(out) if len(out) > 1 else out[0]
+        while (hit := chunk.find(USAGE_KEY, pos)) >= 0:
             start = chunk.rfind(EVENT_END, pos, hit)
             start = pos if start < 0 else start + 2
             end = chunk.find(EVENT_END, hit) + 2  # the chunk ends with EVENT_END, so this is found
-            usage_only = self._record_usage(chunk[start : end - 2])
-            out.append(chunk[pos:start])
-            if not (usage_only and self._strip_usage):
-                out.append(chunk[start:end])
+            if self._record(chunk[start : end - 2]) and self._strip:
+                out.append(chunk[pos:start])  # the usage-only event, dropped
+            else:
+                out.append(chunk[pos:end])
             pos = end
+        if not out:
+            return chunk
+        out.append(chunk[pos:])
+        return b"".join(out)
 
-    def _record_usage(self, event: bytes) -> bool:
+    def _record(self, event: bytes) -> bool:
         """Record the usage an event carries; True if it is the usage-only final chunk."""
         data = event[6:] if event.startswith(b"data: ") else event.partition(b"data:")[2]
         try:
@@ -106,10 +67,10 @@ class SseRelay:
             return False
         counts = usage_counts(usage)
         if counts is None:
-            self.usage_known = False
+            self.known = False
             self.prompt_tokens = self.completion_tokens = 0
         else:
             # With continuous usage stats every chunk carries running totals: keep the latest.
-            self.usage_known = True
+            self.known = True
             self.prompt_tokens, self.completion_tokens = counts
         return obj.get("choices") == [] and isinstance(usage, dict)

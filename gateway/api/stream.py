@@ -21,7 +21,6 @@ from gateway.api.deps import ProxyDeps
 from gateway.api.inflight import Exchange
 from gateway.api.schemas import ParsedRequest
 from gateway.api.splice import Splice
-from gateway.api.sse import SseRelay
 from gateway.errors import GatewayError, UpstreamFailed, sse_error_event
 from gateway.flow.admission import Pool
 from gateway.flow.tenants import Tenant
@@ -45,10 +44,10 @@ async def relay_stream(
     """Relay one upstream SSE stream whose head said 200 (module docstring)."""
     started = ex.started
     loop = asyncio.get_running_loop()
-    relay = SseRelay(strip_usage=not req.client_wants_usage)
-    splice = Splice(relay, started, loop.time)
+    splice = Splice(started, strip_usage=not req.client_wants_usage)
+    feed = splice.feed
     # Hold the head until the first event: until then a failure may still be retried.
-    await resp.push(splice)
+    await resp.push(feed)
     if not (splice.held or splice.final):
         raise UpstreamFailed("replica closed the stream before its first event")
     d.router.report_success(backend)
@@ -67,7 +66,7 @@ async def relay_stream(
     complete = False
     status = "200"
     try:
-        while not relay.saw_done:
+        while not splice.saw_done:
             if splice.held:  # the first events, or any when the server offers no writer
                 out, splice.held = splice.held, b""
                 await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -75,10 +74,10 @@ async def relay_stream(
                 assert writer is not None
                 splice.blocked = False
                 await writer.flow.drain()
-            await resp.push(splice)
-            if not (splice.held or splice.blocked or relay.saw_done):
+            await resp.push(feed)
+            if not (splice.held or splice.blocked or splice.saw_done):
                 raise UpstreamFailed("replica ended the stream without [DONE]")
-        await send({"type": "http.response.body", "body": splice.final + relay.flush(),
+        await send({"type": "http.response.body", "body": splice.final + splice.flush(),
                     "more_body": False})
         complete = ex.responded = True
     except GatewayError as exc:
@@ -106,14 +105,15 @@ async def relay_stream(
         # ITL: the gaps after the first event's. vllm bench serve counts no gap for [DONE] nor
         # the usage-only event: both come last, so they are the last entries.
         itl = splice.gaps[1:]
-        if relay.saw_done:
+        if splice.saw_done:
             del itl[max(0, len(itl) - (2 if req.client_wants_usage else 1)):]
         series.itl.observe_many(itl)
-        if relay.completion_tokens > 1:
-            series.tpot.observe((e2e - ttft) / (relay.completion_tokens - 1))
+        usage = splice.usage
+        if usage.completion_tokens > 1:
+            series.tpot.observe((e2e - ttft) / (usage.completion_tokens - 1))
         series.request(backend.url, status)
-        if relay.usage_known:
-            count_usage(m, req.model, tenant, (relay.prompt_tokens, relay.completion_tokens))
+        if usage.known:
+            count_usage(m, req.model, tenant, (usage.prompt_tokens, usage.completion_tokens))
         elif complete:  # a cut stream may just not have reached its usage yet
             series.usage_invalid.inc()
     if not complete:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-# Takes one body chunk; returns False to stop being fed (the chunk itself is consumed either way).
-BodySink = Callable[[bytes], bool]
+# Takes one body chunk and the loop time it arrived; returns False to stop being fed (the chunk
+# itself is consumed either way).
+BodySink = Callable[[bytes, float], bool]
 
 
 class UpstreamResponse(Protocol):

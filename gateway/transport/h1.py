@@ -34,17 +34,20 @@ class _Conn(asyncio.Protocol):
 
     __slots__ = ("_buffered", "_chunks", "_complete", "_error", "_head", "_keep_alive", "_loop",
                  "_parser", "_paused", "_pool", "_sink", "_sink_stopped", "_time", "_waiter",
-                 "deadline", "got_bytes", "status", "transport")
+                 "deadline", "got_bytes", "on_body", "status", "transport")
 
     def __init__(self, pool: _Pool) -> None:
         self._pool = pool
         self._loop = pool.loop
         self._time = pool.loop.time
         self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpResponseParser(self)
         self.status = 0
+        # The body chunks parsed and not yet consumed. httptools calls the protocol's `on_body`
+        # per chunk (an SSE event, at a real pace): the list's own append keeps Python out of it.
         self._chunks: list[bytes] = []
-        self._buffered = 0
+        self.on_body = self._chunks.append
+        self._parser = httptools.HttpResponseParser(self)
+        self._buffered = 0  # bytes read while nobody was pushing, for back-pressure
         self._paused = False
         self._complete = False
         self._keep_alive = False
@@ -75,27 +78,34 @@ class _Conn(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._error = f"malformed response from the replica: {exc}"
             self.abort()
+        chunks = self._chunks
         sink = self._sink
-        if sink is not None and self._chunks:
-            # Push mode: what this read carried, as one chunk (one downstream write per upstream
-            # read, however many SSE events a burst packed into it).
-            chunks = self._chunks
-            self._chunks = []
-            self._buffered = 0
+        if sink is None:
+            # Pull mode: wake the reader; stop reading while too much waits unread.
+            self._wake()
+            self._buffered += len(data)
+            if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
+            return
+        # Push mode: the reader sleeps through the stream; the sink gets what this read carried
+        # as one chunk (one downstream write per upstream read, however many SSE events a burst
+        # packed into it), with the time it arrived.
+        if chunks:
+            body = b"".join(chunks)  # one chunk: itself, not a copy
+            chunks.clear()
+            now = self._time()
             d = self.deadline
             if d is not None:
-                d.last = self._time()
+                d.last = now
                 d.got_first = True
-            if not sink(chunks[0] if len(chunks) == 1 else b"".join(chunks)):
-                self._sink = sink = None
+            if not sink(body, now):
+                self._sink = None
                 self._sink_stopped = True
-        # In push mode the reader sleeps through the stream: wake it only when the sink stopped
-        # (it is then unset) or the body ended or failed.
-        if sink is None or self._complete or self._error is not None:
+                self._wake()
+                return
+        if self._complete or self._error is not None:
             self._wake()
-        if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
 
     # -- httptools callbacks ---------------------------------------------------------------------
 
@@ -105,10 +115,6 @@ class _Conn(asyncio.Protocol):
         self._keep_alive = self._parser.should_keep_alive()
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
-
-    def on_body(self, body: bytes) -> None:
-        self._chunks.append(body)
-        self._buffered += len(body)
 
     def on_message_complete(self) -> None:
         self._complete = True
@@ -125,7 +131,7 @@ class _Conn(asyncio.Protocol):
 
     def start(self, request: bytes) -> asyncio.Future[None]:
         self.status = 0
-        self._chunks = []
+        self._chunks.clear()
         self._buffered = 0
         self._complete = False
         self._error = None
@@ -144,9 +150,10 @@ class _Conn(asyncio.Protocol):
 
     async def readany(self) -> bytes:
         while True:
-            if self._chunks:
-                chunks = self._chunks
-                self._chunks = []
+            chunks = self._chunks
+            if chunks:
+                body = b"".join(chunks)  # one chunk: itself, not a copy
+                chunks.clear()
                 self._buffered = 0
                 if self._paused and self.transport is not None:
                     self._paused = False
@@ -155,7 +162,7 @@ class _Conn(asyncio.Protocol):
                 if d is not None:
                     d.last = self._time()
                     d.got_first = True
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                return body
             if self._complete:
                 return b""
             if self._error is not None:
@@ -171,7 +178,7 @@ class _Conn(asyncio.Protocol):
             if self._chunks:
                 # What arrived while nobody was pushing goes first, as one chunk.
                 data = await self.readany()
-                if not sink(data):
+                if not sink(data, self._time()):
                     return
                 continue
             if self._complete:

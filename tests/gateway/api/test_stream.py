@@ -51,8 +51,8 @@ def test_a_client_that_reads_slowly_gets_every_event(
     stops = []
 
     class CountingSplice(Splice):
-        def __call__(self, chunk: bytes) -> bool:
-            going = super().__call__(chunk)
+        def feed(self, chunk: bytes, now: float) -> bool:
+            going = super().feed(chunk, now)
             if self.blocked and not going:
                 stops.append(1)
             return going

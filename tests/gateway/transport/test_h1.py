@@ -57,7 +57,7 @@ async def push(reads: list[bytes], stop_after: int = -1) -> tuple[list[bytes], b
     await head
     got: list[bytes] = []
 
-    def sink(chunk: bytes) -> bool:
+    def sink(chunk: bytes, now: float) -> bool:
         got.append(chunk)
         return len(got) != stop_after
 

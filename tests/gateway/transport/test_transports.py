@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from itertools import pairwise
 
 import pytest
 from aiohttp import web
@@ -192,8 +193,18 @@ async def test_push_feeds_the_sink_until_the_body_ends(server: str, transport) -
     t = transport(idle_s=0.3)
     resp = await t.post(server + "/stream?gaps=0,0.2,0.2,0.2,0.2,0.2", b"{}", {}, streaming=True)
     got: list[bytes] = []
-    await resp.push(lambda chunk: got.append(chunk) is None)
+    times: list[float] = []
+
+    def sink(chunk: bytes, now: float) -> bool:
+        got.append(chunk)
+        times.append(now)
+        return True
+
+    await resp.push(sink)
     assert b"".join(got) == b"data: x\n\n" * 6
+    # Each chunk comes with the loop time it arrived: 0.2 s apart, as the upstream sent them.
+    assert len(times) == 6
+    assert [b - a for a, b in pairwise(times)] == pytest.approx([0.2] * 5, abs=0.1)
     assert await resp.readany() == b""  # the body is complete
     resp.release()
     await t.close()
@@ -205,7 +216,7 @@ async def test_push_stops_when_the_sink_says_so_and_the_rest_is_still_readable(
     t = transport(idle_s=0.5)
     resp = await t.post(server + "/stream?gaps=0,0.05,0.05", b"{}", {}, streaming=True)
     got: list[bytes] = []
-    await resp.push(lambda chunk: got.append(chunk) and False)  # stop after the first chunk
+    await resp.push(lambda chunk, now: got.append(chunk) and False)  # stop after the first chunk
     assert got == [b"data: x\n\n"]
     assert b"".join(await drain(resp)) == b"data: x\n\n" * 2  # nothing lost
     resp.release()
@@ -218,7 +229,7 @@ async def test_push_times_out_on_an_idle_gap(server: str, transport) -> None:
     resp = await t.post(server + "/stream?gaps=0,0.1,0.1,0.1,0.8", b"{}", {}, streaming=True)
     got: list[bytes] = []
     with pytest.raises(UpstreamTimeout, match="no data for 0.3s"):
-        await resp.push(lambda chunk: got.append(chunk) is None)
+        await resp.push(lambda chunk, now: got.append(chunk) is None)
     assert len(got) == 4
     await t.close()
 
@@ -232,7 +243,7 @@ async def test_push_from_before_the_first_byte_times_out_on_an_idle_gap(
     resp = await t.post(server + "/stream?gaps=0.2,0.1,1.5", b"{}", {}, streaming=True)
     got: list[bytes] = []
     with pytest.raises(UpstreamTimeout, match="no data for 0.3s"):
-        await resp.push(lambda chunk: got.append(chunk) is None)
+        await resp.push(lambda chunk, now: got.append(chunk) is None)
     assert len(got) == 2
     await t.close()
 
@@ -258,7 +269,7 @@ async def test_push_hands_over_one_read_as_one_chunk() -> None:
     t = H1Transport(Timeouts(connect_s=1, first_byte_s=5, idle_s=5, total_s=10))
     resp = await t.post(f"http://127.0.0.1:{port}/x", b"{}", {}, streaming=True)
     got: list[bytes] = []
-    await resp.push(lambda chunk: got.append(chunk) is None)
+    await resp.push(lambda chunk, now: got.append(chunk) is None)
     assert got == [b"data: a\n\n" * 3]
     resp.release()
     await t.close()
