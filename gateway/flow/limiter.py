@@ -21,9 +21,10 @@ target too: work is piling up inside them, which is what the limit exists to pre
   at engine pressure, or at the first sample at `SLOW_START_BELOW` of the target or later: the
   engines now queue enough to show it, so the limit has met their capacity. That sample also cuts
   the limit by how much slower than the climb's fastest sample it came back, tolerating
-  `GRADIENT_TOLERANCE` x (Netflix concurrency-limits' gradient), at most halving it: the climb
-  overshoots by up to a round trip of growth, and waiting for a miss of the target itself would
-  leave that overshoot in the engines' queue for another round trip.
+  `GRADIENT_TOLERANCE` x (Netflix concurrency-limits' gradient), keeping at least
+  `GRADIENT_FLOOR` of it: the climb overshoots by up to a round trip of growth, and waiting for a
+  miss of the target itself would leave that overshoot in the engines' queue for another round
+  trip.
 - Whole (non-streamed) answers, the other request class, have no TTFT: their latency is the whole
   generation, and grows with its length. Each is judged per generated token against the best
   per-token latency this pool has seen lately (Netflix concurrency-limits' gradient: latency
@@ -60,6 +61,9 @@ MIN_BEST_PER_TOKEN_S = 0.005
 # Slow start ends at a sample this many times slower than its fastest, cut by the ratio (a
 # first token twice the fastest is still the engines' own pace: batching, a longer prompt).
 GRADIENT_TOLERANCE = 2.0
+# That cut never takes more than this share off: one slow first token (a long prompt, a busy
+# host) must not halve a limit that the climb's other samples found good.
+GRADIENT_FLOOR = 0.7
 
 
 class AimdLimiter:
@@ -114,10 +118,11 @@ class AimdLimiter:
             if latency_s >= SLOW_START_BELOW * self._target:
                 # The engines queue enough to show in the first token: the limit has met their
                 # capacity. Slow start ends with a cut by how much slower than the climb's
-                # fastest sample this one came back (Netflix's gradient), at most halved.
+                # fastest sample this one came back (Netflix's gradient), to no less than
+                # `GRADIENT_FLOOR` of the limit.
                 self._slow_start = False
                 if self._first_token > 0.0 and latency_s <= self._target:  # a miss cuts below
-                    self._set(self._limit * min(1.0, max(0.5, GRADIENT_TOLERANCE
+                    self._set(self._limit * min(1.0, max(GRADIENT_FLOOR, GRADIENT_TOLERANCE
                                                          * self._first_token / took)))
             elif self._first_token <= 0.0 or took < self._first_token:
                 self._first_token = took

@@ -67,18 +67,19 @@ def test_slow_start_ends_at_half_the_target_cut_by_the_gradient(clock: FakeClock
     for _ in range(4):
         lim.on_sample(0.05, clock(), in_flight=40)
     assert (lim.limit, lim.first_token_s, lim.slow_start) == (48, 0.05, True)
-    # 0.16 s, over half the target: the engines queue. 2 x 0.05 / 0.16 of the limit is left.
+    # 0.16 s, over half the target: the engines queue. 2 x 0.05 / 0.16 of the limit would be
+    # left (0.625); the cut never takes more than 30% off.
     lim.on_sample(0.16, clock(), in_flight=48)
-    assert not lim.slow_start and lim.limit == 30
+    assert not lim.slow_start and lim.limit == 33
     assert lim.first_token_s == 0.0  # only slow start counts on it
     # A miss of the target itself may still cut at once: that was no cut of a round trip.
-    lim.on_sample(0.45, clock(), in_flight=30)
-    assert lim.limit == 20
-    # The cut never takes more than half, whatever the ratio.
-    steep = AimdLimiter(initial=40, floor=2, ceiling=1024, target_s=0.3, clock=clock)
-    steep.on_sample(0.01, clock(), in_flight=40)
-    steep.on_sample(0.2, clock(), in_flight=40)
-    assert steep.limit == 21
+    lim.on_sample(0.45, clock(), in_flight=33)
+    assert lim.limit == 22
+    # A mild slowdown takes off only what the gradient says.
+    mild = AimdLimiter(initial=40, floor=2, ceiling=1024, target_s=0.3, clock=clock)
+    mild.on_sample(0.1, clock(), in_flight=40)
+    mild.on_sample(0.25, clock(), in_flight=40)
+    assert mild.limit == 33  # 42 x 2 x 0.1 / 0.25 = 33.6
 
 
 def test_idle_pool_decays_toward_its_start_and_slow_starts_again(clock: FakeClock) -> None:
