@@ -46,7 +46,10 @@ class _Conn(asyncio.Protocol):
         # per chunk (an SSE event, at a real pace): the list's own append keeps Python out of it.
         self._chunks: list[bytes] = []
         self.on_body = self._chunks.append
-        self._parser = httptools.HttpResponseParser(self)
+        # The parser calls back into this connection, and this connection holds it: a cycle, so
+        # it exists only while the connection is open (made in connection_made, dropped in
+        # connection_lost) and the connection is freed by reference counting once closed.
+        self._parser: httptools.HttpResponseParser | None = None
         self._buffered = 0  # bytes read while nobody was pushing, for back-pressure
         self._paused = False
         self._complete = False
@@ -64,17 +67,21 @@ class _Conn(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self._parser = httptools.HttpResponseParser(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._parser = None
         if not self._complete and self._error is None:
             self._error = "connection closed by the replica"
         self._wake()
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        parser = self._parser
+        assert parser is not None  # reads come only between connection_made and connection_lost
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._error = f"malformed response from the replica: {exc}"
             self.abort()
@@ -110,9 +117,11 @@ class _Conn(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------------
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        parser = self._parser
+        assert parser is not None  # called from data_received's feed_data
+        self.status = parser.get_status_code()
         # Asked here: once the message completes the parser resets and forgets the answer.
-        self._keep_alive = self._parser.should_keep_alive()
+        self._keep_alive = parser.should_keep_alive()
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
 
@@ -136,9 +145,9 @@ class _Conn(asyncio.Protocol):
         self._complete = False
         self._error = None
         self.got_bytes = False
+        assert self.transport is not None
         self._parser = httptools.HttpResponseParser(self)
         self._head = self._loop.create_future()
-        assert self.transport is not None
         self.transport.write(request)
         return self._head
 
