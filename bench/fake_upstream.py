@@ -521,9 +521,11 @@ class _Running:
     """Context manager of `start_fake_upstream`: `with` runs it in a thread, `async with` in the
     running loop."""
 
-    def __init__(self, host: str, port: int, behaviour: Behaviour) -> None:
+    def __init__(self, host: str, port: int, behaviour: Behaviour,
+                 loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> None:
         self.upstream = FakeUpstream(behaviour)
         self._host, self._port = host, port
+        self._loop_factory = loop_factory or asyncio.new_event_loop
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -554,7 +556,7 @@ class _Running:
         await self._server.wait_closed()
 
     def __enter__(self) -> FakeUpstream:
-        loop = self._loop = asyncio.new_event_loop()
+        loop = self._loop = self._loop_factory()
         started = threading.Event()
         failure: list[BaseException] = []
 
@@ -600,9 +602,12 @@ def start_fake_upstream(host: str = "127.0.0.1", port: int = 0, *,
     return _Running(host, port, behaviour or Behaviour(**knobs))
 
 
-def start_in_thread(behaviour: Behaviour | None = None) -> _Running:
-    """`start_fake_upstream(behaviour=...)` on 127.0.0.1, a free port, in a thread."""
-    return start_fake_upstream(behaviour=behaviour or Behaviour())
+def start_in_thread(behaviour: Behaviour | None = None, *,
+                    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+                    ) -> _Running:
+    """`start_fake_upstream(behaviour=...)` on 127.0.0.1, a free port, in a thread whose loop
+    `loop_factory` makes (asyncio's default: `asyncio.new_event_loop`)."""
+    return _Running("127.0.0.1", 0, behaviour or Behaviour(), loop_factory)
 
 
 def _flag(name: str) -> str:

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -70,17 +70,19 @@ class RunningGateway:
 
 @contextlib.contextmanager
 def run_gateway(*, expect_ready: bool = True, edge: bool = True, keep_alive_s: float = 5,
+                loop: Literal["asyncio", "uvloop"] = "asyncio",
                 **settings: Any) -> Iterator[RunningGateway]:
     """A gateway on a free port in a thread; waits until it is up and has probed every backend up
     (unless told not to: a gateway whose backends are dead never gets there). `edge=False` serves
-    it with uvicorn's plain httptools protocol, which offers the proxy no direct body writer."""
+    it with uvicorn's plain httptools protocol, which offers the proxy no direct body writer;
+    `loop="uvloop"` on the event loop `python -m gateway` runs."""
     port = free_port()
     s = GatewaySettings(**{"host": "127.0.0.1", "port": port, "health_interval_s": 0.2,
                            **settings})
     app = build_app(s)
     # The production protocol (gateway/edge/), so every gateway test also drives the edge.
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
-                                           lifespan="on", loop="asyncio", interface="asgi3",
+                                           lifespan="on", loop=loop, interface="asgi3",
                                            timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
                                            http=EdgeProtocol.bound(Edge(s.edge, app.state.metrics))
                                            if edge else "httptools"))
