@@ -13,16 +13,22 @@ from collections.abc import Callable
 class ConnectionWriter:
     """One per connection, offered to each of its requests in `scope["state"]`."""
 
-    __slots__ = ("_writable", "flow", "lost", "transport", "write_paused")
+    __slots__ = ("_writable", "lost", "transport", "write_paused")
 
     def __init__(self) -> None:
         # Set once the connection is made, before any request can see the writer.
         self.transport: asyncio.WriteTransport = None  # type: ignore[assignment]
-        self.flow = self  # the write flow (api/splice.py's WriteFlow) is the writer itself
         self.write_paused = False
         # Set by the proxy for the request it serves on this connection: cancels that request.
         self.lost: Callable[[], None] | None = None
         self._writable: asyncio.Future[None] | None = None
+
+    @property
+    def flow(self) -> ConnectionWriter:
+        """The write flow (api/splice.py's WriteFlow) is the writer itself. A property, not an
+        attribute holding `self`: an object that refers to itself is freed only by the cyclic GC,
+        which the server runs seldom (gateway/server.py), and the connection's transport with it."""
+        return self
 
     async def drain(self) -> None:
         """Until the client's socket buffer has room again, or the connection is gone."""
