@@ -74,7 +74,7 @@ class Autoscaler:
     def _run(self) -> None:
         while not self._stop.is_set():
             demand = pool_gauge(self.gateway_url, "llmserve_pool_demand", self.pool) or 0.0
-            now = time.monotonic() - self._started
+            now = self.now()
             self.samples.append((now, demand))
             want = desired_replicas(demand, self.replicas, self.target, self.max_replicas)
             if want > self.replicas:
@@ -82,6 +82,10 @@ class Autoscaler:
                 self.scale(want)
                 self.replicas = want
             self._stop.wait(self.poll_s)
+
+    def now(self) -> float:
+        """Seconds since the harness started (the clock of `samples` and `decisions`)."""
+        return time.monotonic() - self._started
 
     def first_seen(self, demand: float) -> float | None:
         """Seconds from start to the first poll that read at least `demand`."""
