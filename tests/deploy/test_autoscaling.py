@@ -104,6 +104,9 @@ def test_pools_at_zero_are_declared_to_the_gateway(render_case: RenderCase) -> N
     settings = GatewaySettings(pools=pools)
     # The wake budget given, or the gateway's default where the values leave it out.
     assert wake_budgets(settings.pools) == {"m-tp": 900.0, "m-pp": 300.0}
+    notes = render_case("keda-scale-to-zero").notes
+    assert "pool tp1 follows the gateway's demand for \"m-tp\"" in notes
+    assert "up to autoscaling.wakeBudgetSeconds (900s)" in notes
     # A pool that never goes below one replica is not declared.
     one = render({**KEDA, "models": [_pool(autoscaling={"enabled": True, "minReplicas": 1})]})
     assert wake_budgets(GatewaySettings(pools=gateway_pools(one)).pools) == {}
