@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -161,19 +162,26 @@ def test_a_follower_keeps_its_stages_up_until_its_leader_has_drained(
     url = f"http://127.0.0.1:{port}"
     drain = 20.0
     model = make_model_dir()
-    leader = spawner.start(
-        [sys.executable, str(HERE / "run_launcher.py"), str(model), str(drain), "--",
-         sys.executable, str(HERE / "fake_http_engine.py"), str(port)],
-        stderr=subprocess.DEVNULL, env={"WORKER_HOST": "127.0.0.1", "WORKER_PORT": str(port)},
-    )
-    follower = spawner.start(
-        [sys.executable, str(HERE / "run_launcher.py"), str(model), str(drain), "--",
-         sys.executable, "-c", "import time; time.sleep(120)"],  # its engine ranks
-        stderr=subprocess.PIPE,
-        env={"WORKER_NNODES": "2", "WORKER_NODE_RANK": "1", "WORKER_MASTER_ADDR": "127.0.0.1",
-             "WORKER_PIPELINE_PARALLEL_SIZE": "2", "WORKER_PORT": str(port)},
-    )
+    logs = {role: tmp_path / f"{role}.log" for role in ("leader", "follower")}
+    with open(logs["leader"], "w") as err:
+        leader = spawner.start(
+            [sys.executable, str(HERE / "run_launcher.py"), str(model), str(drain), "--",
+             sys.executable, str(HERE / "fake_http_engine.py"), str(port)],
+            stderr=err, env={"WORKER_HOST": "127.0.0.1", "WORKER_PORT": str(port)},
+        )
+    with open(logs["follower"], "w") as err:
+        follower = spawner.start(
+            [sys.executable, str(HERE / "run_launcher.py"), str(model), str(drain), "--",
+             sys.executable, "-c", "import time; time.sleep(120)"],  # its engine ranks
+            stderr=err,
+            env={"WORKER_NNODES": "2", "WORKER_NODE_RANK": "1", "WORKER_MASTER_ADDR": "127.0.0.1",
+                 "WORKER_PIPELINE_PARALLEL_SIZE": "2", "WORKER_PORT": str(port)},
+        )
     wait_for(lambda: health(url) == 200, 30, "the fake engine never answered /health")
+    # The engines run in groups of their own: end them at teardown even if the test fails.
+    for log in logs.values():
+        wait_for(lambda log=log: "started vLLM: pid=" in log.read_text(), 10, "no engine pid")
+        spawner.track(int(re.search(r"started vLLM: pid=(\d+)", log.read_text())[1]))
     chunks: list[bytes] = []
     first = threading.Event()
     ended: list[float] = []
@@ -192,10 +200,11 @@ def test_a_follower_keeps_its_stages_up_until_its_leader_has_drained(
     time.sleep(0.3)
     assert follower.poll() is None  # still up: its leader serves a stream
     leader.send_signal(signal.SIGTERM)
-    _, stderr = follower.communicate(timeout=drain + 15)
+    follower.wait(drain + 15)
     stopped = time.monotonic()
     reader.join(10)
     leader.wait(drain + 15)
+    stderr = logs["follower"].read_text()
 
     assert b"".join(chunks).decode().endswith("data: [DONE]\n\n")
     assert ended and stopped >= ended[0]  # the stream ended before the follower's stages
