@@ -25,7 +25,7 @@ import pytest
 
 from devstack.stack import LocalStack
 from tests.autoscaler import Autoscaler, pool_gauge
-from tests.e2e.conftest import scrape
+from tests.e2e.conftest import metric_sum, scrape
 from tests.ports import free_port
 
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -168,21 +168,30 @@ async def test_past_the_wake_budget_every_stream_gets_503_and_none_hangs(
 class Samples:
     t: list[float] = field(default_factory=list)
     demand: list[float] = field(default_factory=list)
+    queued: list[float] = field(default_factory=list)
+    admitted: list[float] = field(default_factory=list)
+    limit: list[float] = field(default_factory=list)
     waiting: list[float] = field(default_factory=list)
     running: list[float] = field(default_factory=list)
 
 
 def sample(s: LocalStack, model: str, out: Samples, stop: threading.Event, t0: float) -> None:
     """What KEDA would read from the gateway beside what the engine reports, every 0.25 s."""
+    pool = f'{{pool="{model}"}}'
     while not stop.is_set():
-        engine = scrape(s.worker_urls[0])
+        gateway, engine = scrape(s.gateway_url), scrape(s.worker_urls[0])
         out.t.append(time.monotonic() - t0)
-        out.demand.append(demand(s, model) or 0.0)
-        out.waiting.append(sum(v for k, v in engine.items()
-                               if k.startswith("vllm:num_requests_waiting")))
-        out.running.append(sum(v for k, v in engine.items()
-                               if k.startswith("vllm:num_requests_running")))
+        out.demand.append(gateway.get("llmserve_pool_demand" + pool, 0.0))
+        out.queued.append(gateway.get("llmserve_queue_depth" + pool, 0.0))
+        out.admitted.append(gateway.get("llmserve_admitted_in_flight" + pool, 0.0))
+        out.limit.append(gateway.get("llmserve_concurrency_limit" + pool, 0.0))
+        out.waiting.append(metric_sum(engine, "vllm:num_requests_waiting"))
+        out.running.append(metric_sum(engine, "vllm:num_requests_running"))
         stop.wait(0.25)
+
+
+def med(values: list[float], idx: list[int]) -> float:
+    return statistics.median(values[i] for i in idx)
 
 
 @pytest.mark.engine
@@ -234,9 +243,10 @@ async def test_the_signal_rises_under_a_step_while_the_engine_queue_stays_low(
     assert max(waiting_during) <= 2, waiting_during
     assert statuses.count(200) > 0 and set(statuses) <= {200, 503}
     print(f"\nstep of {clients} streams on 1 replica (target {TARGET} per replica): signal above "
-          f"target {above - step:.2f} s after the step; demand median "
-          f"{statistics.median(demand_during):.0f} (min {min(demand_during):.0f}, max "
-          f"{max(demand_during):.0f}); vllm:num_requests_waiting max {max(waiting_during):.0f}, "
-          f"mean {statistics.mean(waiting_during):.2f}; vllm:num_requests_running median "
-          f"{statistics.median(out.running[i] for i in during):.0f}; "
+          f"target {above - step:.2f} s after the step; medians from 2 s after it: demand "
+          f"{med(out.demand, during):.0f} (min {min(demand_during):.0f}, max "
+          f"{max(demand_during):.0f}) = {med(out.admitted, during):.0f} admitted + "
+          f"{med(out.queued, during):.0f} queued, limit {med(out.limit, during):.0f}; "
+          f"vllm:num_requests_running {med(out.running, during):.0f}, "
+          f"vllm:num_requests_waiting max {max(waiting_during):.0f}; "
           f"{statuses.count(200)} streams 200, {statuses.count(503)} refused 503")
