@@ -85,14 +85,12 @@ async def test_requests_wait_counted_in_the_signal_and_are_served_when_a_replica
         assert pool_gauge(gw.url, "llmserve_pool_ready_replicas", MODEL) == 1
 
 
-async def test_eight_waiters_show_in_the_signal_within_a_second() -> None:
+async def test_every_waiter_shows_in_the_signal() -> None:
+    # How soon, on the real engine: tests/e2e/test_autoscaling.py (within a second).
     with contextlib.ExitStack() as replicas, gateway_at_zero(30) as (gw, port):
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            t0 = time.monotonic()
             tasks = [asyncio.create_task(stream(client)) for _ in range(8)]
-            while demand(gw) != 8:
-                assert time.monotonic() - t0 < 1.0, f"demand {demand(gw)} after 1 s"
-                await asyncio.sleep(0.02)
+            await asyncio.to_thread(wait_for, lambda: demand(gw) == 8)
             replicas.enter_context(start_fake_upstream(port=port, model=MODEL, tokens=4))
             results = await asyncio.gather(*tasks)
         assert [status for status, _, _ in results] == [200] * 8
