@@ -20,11 +20,13 @@ from gateway.api.routes import build_routes
 from gateway.errors import MethodNotAllowed, install_handlers, send_error
 from gateway.flow.admission import Admission
 from gateway.flow.batcher import Batcher
+from gateway.flow.demand import Demand
 from gateway.flow.keys import load_keys
 from gateway.flow.pressure import PressureWatch
 from gateway.metrics import GatewayMetrics
 from gateway.routing.factory import build_router
-from gateway.settings import GatewaySettings, layouts_by_model
+from gateway.routing.wake import WakeGate
+from gateway.settings import GatewaySettings, layouts_by_model, wake_budgets
 from gateway.transport.h1 import H1Transport
 from gateway.transport.prober import HttpProber
 
@@ -78,7 +80,12 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
     keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
     admission = Admission(settings.flow, metrics) if settings.flow.enabled else None
-    state = ProxyDeps(settings, router, transport, metrics, admission)
+    # Pools that may scale to zero: their requests wait for a replica (routing/wake.py), and
+    # every pool's demand is the autoscalers' signal (flow/demand.py).
+    budgets = wake_budgets(settings.pools)
+    wake = WakeGate(budgets, router, metrics) if budgets else None
+    metrics.demand.view = Demand(router, admission, wake).view
+    state = ProxyDeps(settings, router, transport, metrics, admission, wake=wake)
     # Admission watches the replicas' count (each pool's ceiling follows it) and the engines'
     # queues, off the request path.
     watches: list[tuple[float, Callable[[], Awaitable[None]], str]] = []

@@ -78,6 +78,34 @@ class _PoolCollector(Collector):
         return iter(())
 
 
+# (pool, demand, ready replicas), read at scrape time only (gateway/flow/demand.py).
+DemandView = Callable[[], Iterable[tuple[str, int, int]]]
+
+
+class _DemandCollector(Collector):
+    """The scaling signal per pool, meant for autoscalers (KEDA, an HPA's external metric)."""
+
+    def __init__(self) -> None:
+        self.view: DemandView | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        demand = GaugeMetricFamily(
+            "llmserve_pool_demand", "Requests a pool is asked to carry now: waiting for a "
+            "replica of a pool at zero, waiting in the admission queue, and in flight (the "
+            "autoscaling signal; sum it over gateway replicas)", labels=["pool"])
+        ready = GaugeMetricFamily("llmserve_pool_ready_replicas", "Replicas of a pool the "
+                                  "gateway routes to now (demand / this = load per replica)",
+                                  labels=["pool"])
+        for pool, d, n in (self.view() if self.view is not None else ()):
+            demand.add_metric([pool], d)
+            ready.add_metric([pool], n)
+        yield demand
+        yield ready
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
 # (backend URL, available for routing, requests in flight), read at scrape time only.
 BackendView = Callable[[], Iterable[tuple[str, bool, int]]]
 
@@ -298,6 +326,8 @@ class GatewayMetrics:
         # -- flow control (gateway/flow) ---------------------------------------------------------
         self.pools = _PoolCollector()
         r.register(self.pools)
+        self.demand = _DemandCollector()
+        r.register(self.demand)
         self.queue_time = LoopHistogram(
             "llmserve_queue_time_seconds",
             "Time an admitted request waited in the gateway queue (0 when admitted at once)",
@@ -306,7 +336,7 @@ class GatewayMetrics:
         self.rejections = Counter(
             "llmserve_rejections",
             "Requests refused by admission control (rpm, tpm: 429; queue_full, queue_wait, "
-            "unavailable: 503)",
+            "queue_timeout, unavailable: 503) or by their pool's wake budget (wake_timeout: 503)",
             ["pool", "reason"], registry=r,
         )
         self.queue_overflows = Counter(

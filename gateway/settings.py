@@ -146,7 +146,12 @@ class EdgeSettings(BaseModel):
 class PoolLayout(BaseModel):
     """One worker pool as the chart deploys it. The gateway routes by model and cannot see a
     layout (vLLM's API does not say), yet dashboards (`llmserve_pool_info`) and benchmark reports
-    (`/v1/models`, read by `python -m loadtest compare`) must."""
+    (`/v1/models`, read by `python -m loadtest compare`) must.
+
+    A pool that an autoscaler may take to zero replicas says so here (`scale_to_zero`): with no
+    replica the gateway cannot learn its model from the engines, so the declaration names it, and
+    requests for it wait up to `wake_budget_s` for a replica instead of a fast 503
+    (gateway/routing/wake.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -155,6 +160,13 @@ class PoolLayout(BaseModel):
     tp: int = Field(1, ge=1, description="tensor parallel size")
     pp: int = Field(1, ge=1, description="pipeline parallel size")
     nodes: int = Field(1, ge=1, description="nodes (pods) per replica")
+    scale_to_zero: bool = Field(
+        False, description="the pool may have no replica: its model stays listed and requests "
+                           "wait up to wake_budget_s for one (not a fast 503)")
+    wake_budget_s: float = Field(
+        300.0, gt=0, le=3600,
+        description="longest a request waits for a replica of a scale_to_zero pool; then 503 "
+                    "with Retry-After")
 
 
 class AffinitySettings(BaseModel):
@@ -180,6 +192,16 @@ class AffinitySettings(BaseModel):
         100_000, ge=1, description="learned prefixes kept (LRU); caps the policy's memory")
     session_header: str = Field(
         "x-session-id", min_length=1, description="request header carrying an explicit session key")
+
+
+def wake_budgets(pools: list[PoolLayout]) -> dict[str, float]:
+    """Each model that may have no replica (one of its pools scales to zero), with the longest
+    wake budget its scalable pools declare."""
+    out: dict[str, float] = {}
+    for p in pools:
+        if p.scale_to_zero:
+            out[p.model] = max(out.get(p.model, 0.0), p.wake_budget_s)
+    return out
 
 
 def layouts_by_model(pools: list[PoolLayout]) -> dict[str, PoolLayout]:
@@ -254,8 +276,9 @@ class GatewaySettings(BaseSettings):
         30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish")
     pools: list[PoolLayout] = Field(
         default=[],
-        description='worker pool layouts, read-only info for llmserve_pool_info and /v1/models, '
-        'JSON: [{"name": "tp", "model": "m", "tp": 2, "pp": 1, "nodes": 1}]')
+        description='worker pools: layouts for llmserve_pool_info and /v1/models, and which '
+        'may scale to zero, JSON: [{"name": "tp", "model": "m", "tp": 2, "pp": 1, "nodes": 1, '
+        '"scale_to_zero": false, "wake_budget_s": 300}]')
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("backends", mode="before")

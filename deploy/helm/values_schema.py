@@ -144,18 +144,26 @@ INFRA: dict[str, Any] = {
     # Per-pool overrides of the chart-wide podSecurityContext / containerSecurityContext.
     "podSecurityContext": MAP,
     "containerSecurityContext": MAP,
+    # On the gateway's llmserve_pool_demand (templates/workers/autoscaling.yaml); the chart
+    # checks what the schema cannot say (cooldown against the start-up probe, min <= max).
     "autoscaling": obj(
         {
             "enabled": B,
-            "minReplicas": i(1),
+            "engine": s(enum=["keda", "hpa"]),
+            # 0: parked at zero when idle (keda only); requests wait in the gateway.
+            "minReplicas": i(0),
             "maxReplicas": i(1),
-            # A per-pod custom metric, e.g. vllm:num_requests_waiting as prometheus-adapter
-            # exposes it (colons become underscores).
-            "metricName": s(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$"),
-            "targetAverageValue": QTY,
+            "targetDemandPerReplica": {"type": "number", "exclusiveMinimum": 0},
+            "prometheusAddress": s(pattern=r"^(https?://.+)?$"),
+            "query": s(),
+            "pollingIntervalSeconds": i(1),
+            "cooldownSeconds": {"type": ["integer", "null"], "minimum": 0},
+            "scaleDownStabilizationSeconds": i(0, maximum=3600),
+            # The gateway's pools[].wake_budget_s (0 < budget <= 3600).
+            "wakeBudgetSeconds": {"type": ["integer", "null"], "minimum": 1, "maximum": 3600},
         },
         required=["enabled"],
-        description="a HorizontalPodAutoscaler on a per-pod custom metric (needs a metrics adapter)",
+        description="worker autoscaling on the gateway's demand signal: KEDA or an HPA",
     ),
     "env": worker_env,
     "podDisruptionBudget": pdb,
@@ -224,6 +232,8 @@ model_props = {
     "gpuMemoryUtilization": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "cpuKvcacheSpaceGib": i(1),
     "extraArgs": {"type": "array", "items": {"type": "string"}},
+    # vLLM's sleep mode (CUDA and ROCm only; the chart refuses it with device=cpu).
+    "sleepMode": B,
     **INFRA,
 }
 model = obj(model_props, required=["name", "model", "source"])

@@ -1,5 +1,6 @@
 """The gateway's state, shared by the proxy endpoints and the server: settings, router,
-transport, metrics, flow control, batcher, the open requests and whether it drains."""
+transport, metrics, flow control, batcher, the wake gate of pools that may scale to zero,
+the open requests and whether it drains."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from gateway.flow.admission import Admission
 from gateway.flow.batcher import Batcher
 from gateway.metrics import GatewayMetrics
 from gateway.routing.router import Router
+from gateway.routing.wake import WakeGate
 from gateway.settings import GatewaySettings
 from gateway.transport.base import Transport
 
@@ -22,6 +24,7 @@ class ProxyDeps:
     metrics: GatewayMetrics
     flow: Admission | None = None
     batcher: Batcher | None = None
+    wake: WakeGate | None = None
     # The proxy's open requests: the drain ends them in-band when its timeout expires.
     inflight: InFlight = field(default_factory=InFlight)
     draining: bool = False  # SIGTERM came: /ready answers 503

@@ -105,14 +105,30 @@ class ProxyEndpoint:
     ) -> None:
         d = self._d
         flow = d.flow
+        wake = d.wake
         # Unknown models skip admission (404 or 503 later): made-up names must not create pools.
         if flow is None or not d.router.knows_model(req.model):
+            if wake is not None and wake.asleep(req.model):
+                try:
+                    await wake.wait(req.model)
+                except GatewayError as exc:
+                    d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
+                    await send_error(send, exc)
+                    return
             await self._forward(scope, req, raw, send, ex, None, None)
             return
         tenant = flow.tenants.for_key(scope.get("state", {}).get("api_key"))
         pool = flow.pool(req.model)
         try:
             await flow.check_limits(tenant, req.model)
+            # A pool at zero replicas: wait for one (routing/wake.py) after the per-key limits,
+            # before taking a slot, then go through the door like any request.
+            if wake is not None and wake.asleep(req.model):
+                try:
+                    await wake.wait(req.model)
+                except GatewayError:
+                    tenant.refund()
+                    raise
             if not pool.try_acquire(tenant.name, tenant.weight):
                 try:
                     await pool.acquire(tenant, tenant.priority_class(scope["headers"]))

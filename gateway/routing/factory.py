@@ -12,7 +12,7 @@ from gateway.routing.policy import LeastOutstanding, RoundRobin, RoutingPolicy
 from gateway.routing.probe import Prober
 from gateway.routing.retry_budget import RetryBudget
 from gateway.routing.router import Router
-from gateway.settings import AffinitySettings, GatewaySettings
+from gateway.settings import AffinitySettings, GatewaySettings, wake_budgets
 
 # By name: exactly settings.PolicyName (tests/gateway/routing/test_factory.py). Not in policy.py,
 # which affinity.py imports.
@@ -70,4 +70,6 @@ def build_router(settings: GatewaySettings, prober: Prober) -> Router:
         eject_failure_rate=settings.eject_failure_rate,
         retry_budget=RetryBudget(settings.retry_budget, settings.retry_budget_min),
         max_ejection_percent=settings.max_ejection_percent,
-        policy_for=policy_for)
+        policy_for=policy_for,
+        # Known without a replica: their pools may be at zero (gateway/routing/wake.py).
+        standby=wake_budgets(settings.pools))

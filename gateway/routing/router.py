@@ -22,6 +22,12 @@ Policies: one per model pool (`policy_for`), else the shared `policy`. A failed 
 backend a new `CacheLife`: an engine that went away lost its KV cache, and affinity policies
 stop believing what they learned about it.
 
+Models that may scale to zero (`standby`, declared in the settings): with no replica there is no
+backend to learn them from, so the router knows them from the declaration. They stay listed and
+known (a request for one is not a 404), and a gateway fronting one is ready with no backend up: it
+has to take the requests that wake the pool (gateway/routing/wake.py). `listen` tells the wake
+gate when a backend turns routable.
+
 Decision: a passing probe does NOT cut an ejection short. The failures were real requests failing
 while /health still answered 200 (a wedged engine, a broken pipe, an overloaded replica), so a
 green /health is no evidence against them. When the ejection ends the backend is readmitted only
@@ -63,6 +69,7 @@ class Router:
         retry_budget: RetryBudget | None = None,
         max_ejection_percent: int = 50,
         policy_for: Callable[[str], RoutingPolicy] | None = None,
+        standby: Collection[str] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if (health_interval_s <= 0 or eject_after_failures < 1 or eject_for_s < 0
@@ -91,6 +98,8 @@ class Router:
         self._pools: dict[str, tuple[tuple[Backend, ...], RouteRequest, RoutingPolicy]] = {}
         self.panics: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._standby = frozenset(standby)
+        self._listeners: list[Callable[[], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -204,31 +213,52 @@ class Router:
     # -- views -----------------------------------------------------------------------------------
 
     def models(self) -> list[str]:
-        """Models served by at least one available backend, sorted."""
+        """Models served by at least one available backend, and those that may scale to zero,
+        sorted."""
         now = self._clock()
-        return sorted(
+        return sorted(self._standby.union(
             m for m, (pool, _, _) in self._pools.items() if any(b.available(now) for b in pool)
-        )
+        ))
 
     def replicas(self) -> dict[str, int]:
         """Available backends per model (a multi-node replica counts once: only its leader is a
-        backend)."""
+        backend); a model that may scale to zero is there with 0 when it has none."""
         now = self._clock()
-        return {m: sum(1 for b in pool if b.available(now)) for m, (pool, _, _) in self._pools.items()}
+        out = dict.fromkeys(self._standby, 0)
+        out.update((m, sum(1 for b in pool if b.available(now)))
+                   for m, (pool, _, _) in self._pools.items())
+        return out
 
     def knows_model(self, model: str) -> bool:
-        """Served by some known backend, up or down: tells 503 (down) from 404 (no such model).
+        """Served by some known backend, up or down, or declared scalable to zero: tells 503
+        (down) or a wait (asleep) from 404 (no such model).
 
         A backend keeps the models of its last passed probe while it is down, so a model whose
         every replica crashed is still known (503), not unknown (404).
         """
-        return model in self._pools
+        return model in self._pools or model in self._standby
 
     def knows_any_model(self) -> bool:
-        """False until some backend has told us its models: before that, 404 would be a guess."""
-        return bool(self._pools)
+        """False until some backend has told us its models (or a model was declared): before
+        that, 404 would be a guess."""
+        return bool(self._pools) or bool(self._standby)
+
+    def routable(self, model: str) -> bool:
+        """Some backend of `model` passed its probe: `pick` finds one (available, or in panic
+        mode only ejected). False for a pool at zero replicas, or whose replicas all fail."""
+        entry = self._pools.get(model)
+        return entry is not None and any(b.probe_ok for b in entry[0])
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (no awaits, on the loop) whenever a backend's probe changes its state
+        or its models: the moment a pool may have become routable."""
+        self._listeners.append(callback)
 
     def ready(self) -> bool:
+        """A backend is available, or some model may scale to zero: requests for it must reach
+        this gateway (and wait here) for its pool to be woken at all."""
+        if self._standby:
+            return True
         now = self._clock()
         return any(b.available(now) for b in self._backends.values())
 
@@ -316,7 +346,9 @@ class Router:
         b.probe_ok = ok and models is not None
         if was and not b.probe_ok:
             self._went_down(b)
+        changed = was != b.probe_ok
         if models is not None and frozenset(models) != b.models:
+            changed = True
             b.models = frozenset(models)
             # At once, before any other task runs: a backend must never be available (ready)
             # while the pools do not yet list it under its models.
@@ -324,6 +356,9 @@ class Router:
         if was != b.probe_ok:
             log.info("%s is %s (models: %s)", b.url, "up" if b.probe_ok else "down",
                      ", ".join(sorted(b.models)) or "none")
+        if changed:
+            for callback in self._listeners:
+                callback()
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self._probe(b) for b in list(self._backends.values())))

@@ -112,19 +112,38 @@ MATRIX: dict[str, dict[str, Any]] = {
                 "pp2",
                 pipelineParallelSize=2,
                 multiNode={"nodes": 2},
-                autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 3},
+                autoscaling={"enabled": True, "engine": "hpa", "minReplicas": 1,
+                             "maxReplicas": 3},
                 runtimeClassName="nvidia",
                 extraVolumes=[{"name": "ca", "configMap": {"name": "ca-bundle"}}],
                 extraVolumeMounts=[{"name": "ca", "mountPath": "/etc/ca", "readOnly": True}],
             ),
             _pool(
                 "tp1",
+                servedModelName="demo-tp",  # one autoscaled pool per served model
                 rollout={"maxSurge": 0, "maxUnavailable": 1},
-                autoscaling={"enabled": True, "maxReplicas": 4, "targetAverageValue": "2"},
+                autoscaling={"enabled": True, "engine": "hpa", "maxReplicas": 4,
+                             "targetDemandPerReplica": 2},
                 podSecurityContext={"runAsUser": 20001},
             ),
         ],
         "gateway": {"runtimeClassName": "gvisor", "ingress": {"enabled": True}},
+    },
+    # KEDA on the gateway's demand signal: a Deployment pool and a LeaderWorkerSet pool, both
+    # parked at zero when idle; the GPU one may sleep instead (sleepMode).
+    "keda-scale-to-zero": {
+        "workerDefaults": {"autoscaling": {
+            "prometheusAddress": "http://prometheus-operated.monitoring.svc:9090"}},
+        "models": [
+            _pool("tp1", servedModelName="m-tp", sleepMode=True,
+                  autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 3,
+                               "wakeBudgetSeconds": 900}),
+            _pool("pp2", servedModelName="m-pp", pipelineParallelSize=2, multiNode={"nodes": 2},
+                  startupProbe={"periodSeconds": 10, "failureThreshold": 60},
+                  autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 2,
+                               "cooldownSeconds": 900, "targetDemandPerReplica": 8}),
+        ],
+        "metrics": {"serviceMonitor": {"enabled": True}},
     },
     # The in-cluster comparison Job, with a restricted gateway ingress it must be let through.
     "compare-job": {

@@ -366,7 +366,8 @@ GOOD: dict[str, dict[str, Any]] = {
             )
         ]
     },
-    "autoscaling": {"models": [_pool(autoscaling={"enabled": True, "maxReplicas": 6})]},
+    "autoscaling": {"models": [_pool(autoscaling={"enabled": True, "engine": "hpa",
+                                                  "maxReplicas": 6})]},
     "distinctNodes": {"models": [{**PP, "multiNode": {"nodes": 2, "distinctNodes": True}}]},
     "maxStreamSeconds": {"maxStreamSeconds": 60},
     "gatewayRuntimeClass": {"gateway": {"runtimeClassName": "gvisor"}},
@@ -381,8 +382,8 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "securityContext": ({"models": [_pool(podSecurityContext="root")]}, "podSecurityContext"),
     "autoscaling": (
-        {"models": [_pool(autoscaling={"enabled": True, "metricName": "vllm:waiting"})]},
-        "metricName",
+        {"models": [_pool(autoscaling={"enabled": True, "engine": "knative"})]},
+        "engine",
     ),
     "LeaderReady": (
         {"models": [{**PP, "multiNode": {"nodes": 2, "startupPolicy": "LeaderReady"}}]},
@@ -416,7 +417,11 @@ def test_newer_fields_accepted_and_rendered(case: str) -> None:
         hpa = rel.one("HorizontalPodAutoscaler")
         assert hpa["spec"]["scaleTargetRef"]["kind"] == "Deployment"
         assert hpa["spec"]["maxReplicas"] == 6
-        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm_num_requests_waiting"
+        # The gateway's demand for the pool's model, per replica: not the engines' own queue.
+        (metric,) = hpa["spec"]["metrics"]
+        assert metric["external"]["metric"] == {"name": "llmserve_pool_demand",
+                                                "selector": {"matchLabels": {"pool": "demo-model"}}}
+        assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "16"}
         assert "replicas" not in rel.one("Deployment", "llm-llmserve-p")["spec"]
     elif case == "rollout":
         strategy = rel.one("Deployment", "llm-llmserve-p")["spec"]["strategy"]
@@ -436,7 +441,8 @@ def test_newer_fields_refused(case: str) -> None:
 
 def test_autoscaling_range_is_checked() -> None:
     with pytest.raises(helm_python.HelmError) as err:
-        render({"models": [_pool(autoscaling={"enabled": True, "minReplicas": 5, "maxReplicas": 2})]})
+        render({"models": [_pool(autoscaling={"enabled": True, "engine": "hpa", "minReplicas": 5,
+                                              "maxReplicas": 2})]})
     assert "maxReplicas=2 is below minReplicas=5" in str(err.value)
 
 

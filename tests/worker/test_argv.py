@@ -76,6 +76,21 @@ def test_multi_node_pipeline_follower_is_headless(monkeypatch: pytest.MonkeyPatc
     assert "--middleware" not in cmd.argv
 
 
+def test_sleep_mode_on_leader_and_follower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flag on every engine of the pool; the endpoints that use it (POST /sleep, /wake_up)
+    exist only with vLLM's development mode, which only a serving leader has any use for."""
+    leader = build_command(load_settings(model_path="/models/m", sleep_mode=True), HOST)
+    assert leader.argv.count("--enable-sleep-mode") == 1
+    assert leader.env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert "--enable-sleep-mode" not in build_command(load_settings(model_path="/m/x"), HOST).argv
+    monkeypatch.setenv("LWS_LEADER_ADDRESS", "llm-0.llm.serving")
+    monkeypatch.setenv("LWS_WORKER_INDEX", "1")
+    monkeypatch.setenv("LWS_GROUP_SIZE", "2")
+    follower = build_command(
+        load_settings(model_path="/models/m", pipeline_parallel_size=2, sleep_mode=True), HOST)
+    assert "--enable-sleep-mode" in follower.argv and "--headless" in follower.argv
+
+
 def test_cpu_leader_uses_module_form_float32_and_cpu_env() -> None:
     s = load_settings(model_path="/models/smol", device="cpu", cpu_kvcache_space_gib=2)
     cmd = build_command(s, HOST)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -149,3 +150,64 @@ def test_launcher_drains_streams_in_flight_before_it_stops_the_engine(
     assert launcher.returncode in (0, 128 + signal.SIGTERM)
     assert health(url) == 0  # and the engine is gone
     assert EVENTS * GAP_S > 1  # the stream outlived the signal by a measurable margin
+
+
+def test_a_follower_keeps_its_stages_up_until_its_leader_has_drained(
+    tmp_path: Path, spawner: Spawner, make_model_dir: Callable[..., Path]
+) -> None:
+    """A multi-node group removed by a scale-down or a rollout: every pod gets SIGTERM. The
+    follower's pipeline stages carry the leader's streams, so it stops only once the leader has
+    drained them, even when its own signal comes first."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    drain = 20.0
+    model = make_model_dir()
+    logs = {role: tmp_path / f"{role}.log" for role in ("leader", "follower")}
+    with open(logs["leader"], "w") as err:
+        leader = spawner.start(
+            [sys.executable, str(HERE / "run_launcher.py"), str(model), str(drain), "--",
+             sys.executable, str(HERE / "fake_http_engine.py"), str(port)],
+            stderr=err, env={"WORKER_HOST": "127.0.0.1", "WORKER_PORT": str(port)},
+        )
+    with open(logs["follower"], "w") as err:
+        follower = spawner.start(
+            [sys.executable, str(HERE / "run_launcher.py"), str(model), str(drain), "--",
+             sys.executable, "-c", "import time; time.sleep(120)"],  # its engine ranks
+            stderr=err,
+            env={"WORKER_NNODES": "2", "WORKER_NODE_RANK": "1", "WORKER_MASTER_ADDR": "127.0.0.1",
+                 "WORKER_PIPELINE_PARALLEL_SIZE": "2", "WORKER_PORT": str(port)},
+        )
+    wait_for(lambda: health(url) == 200, 30, "the fake engine never answered /health")
+    # The engines run in groups of their own: end them at teardown even if the test fails.
+    for log in logs.values():
+        wait_for(lambda log=log: "started vLLM: pid=" in log.read_text(), 10, "no engine pid")
+        spawner.track(int(re.search(r"started vLLM: pid=(\d+)", log.read_text())[1]))
+    chunks: list[bytes] = []
+    first = threading.Event()
+    ended: list[float] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", url + "/v1/completions", json={}, timeout=30) as r:
+            for chunk in r.iter_bytes():
+                chunks.append(chunk)
+                first.set()
+        ended.append(time.monotonic())
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert first.wait(10)
+    follower.send_signal(signal.SIGTERM)  # the follower hears it first
+    time.sleep(0.3)
+    assert follower.poll() is None  # still up: its leader serves a stream
+    leader.send_signal(signal.SIGTERM)
+    follower.wait(drain + 15)
+    stopped = time.monotonic()
+    reader.join(10)
+    leader.wait(drain + 15)
+    stderr = logs["follower"].read_text()
+
+    assert b"".join(chunks).decode().endswith("data: [DONE]\n\n")
+    assert ended and stopped >= ended[0]  # the stream ended before the follower's stages
+    assert "follower: waiting for the leader's drain" in stderr
+    assert ("the leader has drained" in stderr or "the leader is gone" in stderr), stderr
+    assert "SIGKILL" not in stderr

@@ -133,6 +133,10 @@ def test_extra_args_from_env_json_or_shell(
         ),
         ({"cpu_threads_bind": "0"}, "WORKER_CPU_THREADS_BIND only applies to WORKER_DEVICE=cpu"),
         (
+            {"device": "cpu", "sleep_mode": True},
+            "WORKER_SLEEP_MODE is refused on WORKER_DEVICE=cpu: vLLM offers sleep mode on CUDA",
+        ),
+        (
             {
                 "launcher": "module",
                 "nnodes": 2,

@@ -221,3 +221,21 @@ def test_missing_cluster_config_is_a_clear_startup_error(
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(DiscoveryError, match="GATEWAY_DISCOVERY=kubernetes"):
         Kubernetes("ns", "workers", 8000)
+
+
+async def test_a_terminating_pod_leaves_at_once_though_it_still_serves(
+    api: tuple[FakeApi, client.ApiClient],
+) -> None:
+    """A scale-down deletes a pod: the EndpointSlice controller keeps its endpoint, with ready
+    false, serving true and terminating true, while the pod runs its preStop sleep and drains.
+    The gateway stops routing to it on that update, before the engine refuses anything."""
+    fake, api_client = api
+    fake.lists = [[eps("s1", ("10.0.0.1", True), ("10.0.0.2", True))]]
+    going = eps("s1", ("10.0.0.1", True), ("10.0.0.2", None), rv="12")
+    going["endpoints"][1]["conditions"] = {"ready": False, "serving": True, "terminating": True}
+    fake.watches = [[ev("MODIFIED", going)]]
+    d = Kubernetes("ns", "workers", 8000, api_client=api_client, watch_timeout_s=1, retry_s=0.05)
+    assert await collect(d, 2) == [
+        {"http://10.0.0.1:8000", "http://10.0.0.2:8000"},
+        {"http://10.0.0.1:8000"},
+    ]

@@ -477,3 +477,49 @@ async def test_a_draining_engine_forgets_its_cache_like_a_failed_probe() -> None
         assert policy.stats.hits == 1 and policy.stats.misses == 2
     finally:
         await router.stop()
+
+
+async def test_a_model_that_may_scale_to_zero_is_known_listed_and_ready_without_replicas() -> None:
+    prober = FakeProber({A: ["llama"]})
+    disco = PushDiscovery()
+    router = Router(disco, prober, LeastOutstanding(), health_interval_s=3600,
+                    eject_after_failures=1, eject_for_s=60, standby=["qwen"])
+    changes: list[bool] = []
+    router.listen(lambda: changes.append(router.routable("qwen")))
+    await router.start()
+    try:
+        # Nothing discovered yet: the declared model is known (not a 404), listed with 0
+        # replicas, and the gateway is ready (it must take the requests that wake the pool).
+        assert router.knows_model("qwen") and router.knows_any_model()
+        assert not router.knows_model("llama")
+        assert router.models() == ["qwen"] and router.replicas() == {"qwen": 0}
+        assert router.ready() and not router.routable("qwen")
+        assert router.pick("qwen") is None
+
+        disco.put(A)
+        await settle(router, lambda: router.models() == ["llama", "qwen"])
+        assert changes == [False]  # A came up, serving another model
+        assert router.replicas() == {"llama": 1, "qwen": 0}
+
+        prober.models_by_url[C] = ["qwen"]
+        disco.put(A, C)  # the autoscaler started a replica; discovery sees it, probed at once
+        await settle(router, lambda: router.routable("qwen"))
+        assert changes == [False, True]
+        assert url(router.pick("qwen")) == C and router.replicas()["qwen"] == 1
+
+        disco.put(A)  # scaled back to zero: still known and listed
+        await settle(router, lambda: not router.routable("qwen"))
+        assert router.knows_model("qwen") and "qwen" in router.models()
+    finally:
+        await router.stop()
+
+
+async def test_routable_counts_ejected_replicas_but_not_failed_probes(setup: Setup) -> None:
+    router, prober, _ = setup
+    qwen = backend(router, C)
+    for _ in range(2):
+        router.report_failure(qwen)  # ejected: panic mode still routes to it
+    assert not qwen.available(100.0) and router.routable("qwen")
+    prober.down.add(C)
+    await router.probe_all()
+    assert not router.routable("qwen") and router.knows_model("qwen")

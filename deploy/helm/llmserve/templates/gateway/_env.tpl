@@ -47,9 +47,19 @@ maxReplicas/minReplicas x its limit when scaled out; NOTES says so).
 {{- end }}
 {{- /* Each pool's layout: llmserve_pool_info for the dashboards, and /v1/models for benchmark
 reports (python -m loadtest compare), which the gateway cannot learn from vLLM's API. */}}
+{{- /* A pool its autoscaler may park at zero is declared so: the gateway keeps its model listed
+and holds its requests up to the wake budget while a replica starts (docs/autoscaling.md). */}}
 {{- $layouts := list }}
 {{- range (include "llmserve.pools" . | fromYaml).pools }}
-{{- $layouts = append $layouts (dict "name" .name "model" .servedModelName "tp" (int .tensorParallelSize) "pp" (int .pipelineParallelSize) "nodes" (int .nodes)) }}
+{{- $layout := dict "name" .name "model" .servedModelName "tp" (int .tensorParallelSize) "pp" (int .pipelineParallelSize) "nodes" (int .nodes) }}
+{{- $a := include "llmserve.autoscaling" (dict "root" $ "m" .) | fromYaml }}
+{{- if $a.scaleToZero }}
+{{- $_ := set $layout "scale_to_zero" true }}
+{{- if not (kindIs "invalid" $a.wakeBudgetSeconds) }}
+{{- $_ := set $layout "wake_budget_s" (int $a.wakeBudgetSeconds) }}
+{{- end }}
+{{- end }}
+{{- $layouts = append $layouts $layout }}
 {{- end }}
 - name: GATEWAY_POOLS
   value: {{ toJson $layouts | quote }}

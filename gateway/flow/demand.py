@@ -1,0 +1,43 @@
+"""The scaling signal: each pool's demand, as an autoscaler should read it.
+
+Demand = requests waiting for a replica of a pool at zero (routing/wake.py) + requests waiting in
+the pool's admission queue + admitted requests in flight. The engines' own queue
+(`vllm:num_requests_waiting`) cannot serve as this signal: admission control exists to keep it
+short, so under overload the load waits here, or is refused, and the engines look calm. Demand
+counts what the pool is asked to carry, whatever the door does with it; divided by the pool's ready
+replicas (`llmserve_pool_ready_replicas`) it is the load per replica that an autoscaler compares
+with its target.
+
+Read at scrape time from the counters admission, the wake gate and the router keep anyway: nothing
+is added to the request path. Pools are per model (the `pool` label holds the model name, as on the
+other flow metrics); every model the router knows is listed, 0 when idle, so an autoscaler's query
+finds a series even for a pool that has never had a request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gateway.flow.admission import Admission
+from gateway.routing.router import Router
+from gateway.routing.wake import WakeGate
+
+
+class Demand:
+    def __init__(self, router: Router, admission: Admission | None,
+                 wake: WakeGate | None) -> None:
+        self._router = router
+        self._admission = admission
+        self._wake = wake
+
+    def view(self) -> Iterator[tuple[str, int, int]]:
+        """(pool, demand, ready replicas) per pool, sorted by pool."""
+        ready = self._router.replicas()
+        admitted: dict[str, int] = {}
+        if self._admission is not None:
+            for name, queued, _, _, in_flight in self._admission.view():
+                admitted[name] = queued + in_flight
+        wake = self._wake
+        for pool in sorted(ready.keys() | admitted.keys()):
+            waking = wake.waiting(pool) if wake is not None else 0
+            yield pool, admitted.get(pool, 0) + waking, ready.get(pool, 0)

@@ -1,0 +1,87 @@
+"""Requests for a pool at zero replicas wait here until a replica is routable, or their wake
+budget runs out.
+
+A pool declared `scale_to_zero` (GatewaySettings.pools) may have no replica at all: its
+autoscaler parked it. A request for it then waits in the gateway rather than getting a 503, and is
+counted in the pool's demand (`llmserve_pool_demand`, flow/demand.py), which is what the
+autoscaler reads to start a replica. The moment the router sees one pass its probe (`Router.listen`)
+every waiter goes on, through admission as any request does: per-key limits were charged before the
+wait, and the concurrency limit, the fair queue and the streams behave as with a running pool.
+A request still waiting when its pool's `wake_budget_s` is spent gets 503 `model_waking` with a
+Retry-After, never a 404.
+
+Pools not declared scalable to zero never wait: with no healthy replica they keep the fast 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from gateway.errors import Unavailable
+from gateway.metrics import GatewayMetrics
+from gateway.routing.router import Router
+
+# A request refused at its wake budget is told to come back within this long (or the budget, if
+# shorter): its pool is on its way up, since the waits were counted in the demand.
+WAKE_RETRY_AFTER_S = 30.0
+
+
+class WakeGate:
+    """Waiting rooms of the pools that may scale to zero, one per model."""
+
+    def __init__(self, budgets: Mapping[str, float], router: Router,
+                 metrics: GatewayMetrics) -> None:
+        self._budgets = dict(budgets)
+        self._router = router
+        self._metrics = metrics
+        self._waiting = dict.fromkeys(self._budgets, 0)
+        # Set when the model turns routable; replaced by a fresh one for the next wait.
+        self._woken: dict[str, asyncio.Event] = {}
+        router.listen(self._changed)
+
+    def asleep(self, model: str) -> bool:
+        """`model` may scale to zero and has no routable replica now: the request must wait.
+        One dict lookup for every other model (the hot path)."""
+        return model in self._budgets and not self._router.routable(model)
+
+    def waiting(self, model: str) -> int:
+        return self._waiting.get(model, 0)
+
+    def models(self) -> list[str]:
+        """The models that may scale to zero, sorted."""
+        return sorted(self._budgets)
+
+    async def wait(self, model: str) -> None:
+        """Until `model` has a routable replica; raises `Unavailable` (503, Retry-After) when
+        its wake budget is spent first. Cancellation (client gone, drain) leaves quietly."""
+        budget = self._budgets[model]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        self._waiting[model] += 1
+        try:
+            # A loop, not one wait: a replica that passed one probe may fail the next before
+            # this request's turn comes.
+            while not self._router.routable(model):
+                woken = self._woken.get(model)
+                if woken is None or woken.is_set():
+                    woken = self._woken[model] = asyncio.Event()
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await woken.wait()
+                except TimeoutError:
+                    self._metrics.rejections.labels(model, "wake_timeout").inc()
+                    wait = min(budget, WAKE_RETRY_AFTER_S)
+                    raise Unavailable(
+                        f"model '{model}' has no ready replica yet (its pool is scaling up from "
+                        f"zero); retry after {wait:.0f}s",
+                        code="model_waking", retry_after=wait,
+                    ) from None
+        finally:
+            self._waiting[model] -= 1
+
+    def _changed(self) -> None:
+        """The router's view changed: wake the waiters of every model that is routable now."""
+        for model, woken in self._woken.items():
+            if not woken.is_set() and self._router.routable(model):
+                woken.set()

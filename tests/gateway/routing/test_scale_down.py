@@ -1,0 +1,132 @@
+"""Scale-down loses nothing, on the gateway's side: a replica that leaves discovery (its endpoint
+turned not-ready when its pod began terminating) takes no new request from that update on, while
+the streams it is serving run to their end. When the last replica of a pool that may scale to zero
+leaves, new requests wait for the next one instead of failing.
+
+Discovery is pushed by the test through the gateway's own discovery seam (what Kubernetes
+EndpointSlices or DNS would say); the replicas are fake upstreams, the gateway is real."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncGenerator, Iterator
+
+import httpx
+import pytest
+
+from gateway.routing import factory
+from gateway.settings import GatewaySettings, PoolLayout
+from tests.autoscaler import pool_gauge
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+
+STREAM = {"model": "demo", "prompt": "hi", "max_tokens": 20, "stream": True}
+
+
+class PushedDiscovery:
+    """Backend sets put by the test thread, read by the gateway's loop."""
+
+    def __init__(self, *urls: str) -> None:
+        self._first = frozenset(urls)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[frozenset[str]] | None = None
+        self._ready = threading.Event()
+
+    async def updates(self) -> AsyncGenerator[frozenset[str], None]:
+        self._loop = asyncio.get_running_loop()
+        self._queue = asyncio.Queue()
+        self._ready.set()
+        yield self._first
+        while True:
+            yield await self._queue.get()
+
+    def put(self, *urls: str) -> None:
+        assert self._ready.wait(5)
+        assert self._loop is not None and self._queue is not None
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, frozenset(urls))
+
+
+@pytest.fixture
+def discovery(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[PushedDiscovery]]:
+    """The next gateway built gets the discovery the test appends here."""
+    made: list[PushedDiscovery] = []
+
+    def build(_: GatewaySettings) -> PushedDiscovery:
+        return made[-1]
+
+    monkeypatch.setattr(factory, "build_discovery", build)
+    yield made
+
+
+def wait_for(predicate: object, timeout_s: float = 5.0) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def up(gw_url: str, backend: str) -> bool:
+    text = httpx.get(gw_url + "/metrics").text
+    return f'llmserve_backend_up{{backend="{backend}"}} 1.0' in text
+
+
+def stream_in_background(gw_url: str) -> tuple[threading.Thread, list[str], threading.Event]:
+    out: list[str] = []
+    first = threading.Event()
+
+    def run() -> None:
+        with httpx.stream("POST", gw_url + "/v1/completions", json=STREAM, timeout=30) as r:
+            out.append(str(r.status_code))
+            for chunk in r.iter_text():
+                out.append(chunk)
+                first.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out, first
+
+
+def test_a_replica_leaving_finishes_its_streams_and_takes_no_new_request(
+    upstreams: UpstreamFactory, discovery: list[PushedDiscovery]
+) -> None:
+    a = upstreams(token_delay_s=0.05)  # a 20-token stream takes about a second
+    b = upstreams()
+    discovery.append(PushedDiscovery(url_of(a)))
+    with run_gateway(backends=[], expect_ready=False, routing_policy="least_outstanding") as gw:
+        wait_for(lambda: up(gw.url, url_of(a)))
+        reader, out, first = stream_in_background(gw.url)
+        assert first.wait(5)
+        discovery[0].put(url_of(a), url_of(b))
+        wait_for(lambda: up(gw.url, url_of(b)))
+        discovery[0].put(url_of(b))  # a's pod terminates: its endpoint is no longer ready
+        wait_for(lambda: f'backend="{url_of(a)}"' not in httpx.get(gw.url + "/metrics").text)
+        for _ in range(5):
+            r = httpx.post(gw.url + "/v1/completions", json={**STREAM, "stream": False})
+            assert r.status_code == 200
+        reader.join(10)
+        assert out[0] == "200" and "".join(out[1:]).endswith("data: [DONE]\n\n")
+        assert (a.completions, a.aborted, b.completions) == (1, 0, 5)
+
+
+def test_the_last_replica_of_a_pool_at_zero_leaving_makes_new_requests_wait(
+    upstreams: UpstreamFactory, discovery: list[PushedDiscovery]
+) -> None:
+    a = upstreams(token_delay_s=0.05)
+    discovery.append(PushedDiscovery(url_of(a)))
+    pools = [PoolLayout(name="p", model="demo", scale_to_zero=True, wake_budget_s=30)]
+    with run_gateway(backends=[], pools=pools, expect_ready=False) as gw:
+        wait_for(lambda: up(gw.url, url_of(a)))
+        reader, out, first = stream_in_background(gw.url)
+        assert first.wait(5)
+        discovery[0].put()  # scaled to zero under a stream
+        late, late_out, _ = stream_in_background(gw.url)
+        wait_for(lambda: pool_gauge(gw.url, "llmserve_pool_demand", "demo") == 2)
+        reader.join(10)
+        assert out[0] == "200" and "".join(out[1:]).endswith("data: [DONE]\n\n")
+        assert pool_gauge(gw.url, "llmserve_pool_demand", "demo") == 1  # the late one waits
+        discovery[0].put(url_of(a))  # a replica again
+        late.join(10)
+        assert late_out[0] == "200" and "".join(late_out[1:]).endswith("data: [DONE]\n\n")
+        assert a.aborted == 0
