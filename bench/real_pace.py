@@ -97,21 +97,26 @@ async def _one(port: int, raw: bytes, due: float, idle: list[tuple[asyncio.Strea
                 buf += data
             idle.append(conn)
             return
-        seen = False
-        while True:
-            if not seen and b"tok" in buf:  # the first content token
-                seen = True
-                out.ttft.append(time.perf_counter() - due)
-            if buf.endswith(b"0\r\n\r\n"):
-                break
-            data = await r.read(65536)
-            if not data:
-                raise ConnectionError("closed mid-stream")
-            buf = buf[-16:] + data
+        out.ttft.append(await read_stream(r, buf) - due)
         idle.append(conn)
     except (ConnectionError, OSError, ValueError):
         out.errors += 1
         w.close()
+
+
+async def read_stream(r: asyncio.StreamReader, buf: bytes) -> float:
+    """Read a chunked SSE answer (`buf`: what came with its head) to its end; the time its first
+    content token arrived."""
+    first = 0.0
+    while True:
+        if not first and b"tok" in buf:  # the first content token
+            first = time.perf_counter()
+        if buf.endswith(b"0\r\n\r\n"):
+            return first or time.perf_counter()
+        data = await r.read(65536)
+        if not data:
+            raise ConnectionError("closed mid-stream")
+        buf = buf[-16:] + data
 
 
 async def open_loop(port: int, rate: float, duration: float, tokens: int,
@@ -300,17 +305,7 @@ async def _user(port: int, raw: bytes, think_s: float, end: float, rng: random.R
                 n = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
                 await r.readexactly(n)
             else:
-                buf, seen = b"", False
-                while True:
-                    if not seen and b"tok" in buf:
-                        seen = True
-                        out.ttft.append(time.perf_counter() - t0)
-                    if buf.endswith(b"0\r\n\r\n"):
-                        break
-                    data = await r.read(65536)
-                    if not data:
-                        raise ConnectionError("closed mid-stream")
-                    buf = buf[-16:] + data
+                out.ttft.append(await read_stream(r, b"") - t0)
                 out.done += time.perf_counter() <= end
         except (ConnectionError, OSError, ValueError, IndexError, asyncio.IncompleteReadError):
             out.errors += 1
