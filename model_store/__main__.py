@@ -25,6 +25,8 @@ PROG = "llmserve-model-store"
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 S3_HELP = "s3://bucket/prefix (endpoint, region and credentials: see the settings below)"
+BASE_HELP = ("the base model of a LoRA adapter, e.g. SmolLM2-135M-Instruct (compared by its last "
+             "path segment: org/Model and /models/Model are the same base)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,12 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_Parser)
 
-    push = _verb(verbs, "push", "upload a model directory, manifest last",
+    push = _verb(verbs, "push", "upload a model or LoRA adapter directory, manifest last",
                  "Upload every file of LOCAL_DIR (parallel multipart upload), then write the\n"
                  "manifest object (size and SHA-256 of every file) last. The completion marker\n"
-                 "is not uploaded.")
-    push.add_argument("local_dir", type=Path, metavar="LOCAL_DIR", help="model directory")
+                 "is not uploaded. A LoRA adapter (PEFT: adapter_config.json + safetensors) is\n"
+                 "recorded with its base model: adapter_config.json's base_model_name_or_path,\n"
+                 "or --base-model when the config names none (both given must agree).")
+    push.add_argument("local_dir", type=Path, metavar="LOCAL_DIR", help="model or adapter directory")
     push.add_argument("url", metavar="S3_URL", help=S3_HELP)
+    push.add_argument("--base-model", metavar="NAME", help=BASE_HELP)
     add_settings_flags(push)
 
     pull = _verb(verbs, "pull", "download a model into a shared volume, once",
@@ -66,11 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
                  "the others wait for its result; every file is checked against the manifest,\n"
                  "DEST appears by one rename and the completion marker is written last. An\n"
                  "interrupted pull resumes. Without DEST: ROOT/<model>/<revision>/, named by\n"
-                 "--model/--revision or the prefix's last two segments.")
+                 "--model/--revision or the prefix's last two segments. With --base-model the\n"
+                 "prefix must hold a LoRA adapter of that base: anything else is refused before\n"
+                 "a byte is fetched.")
     pull.add_argument("url", metavar="S3_URL", help=S3_HELP)
     pull.add_argument("dest", type=Path, nargs="?", metavar="DEST", help="model directory")
     pull.add_argument("--model", help="model name under ROOT (default: the prefix's parent)")
     pull.add_argument("--revision", help="revision under ROOT/<model> (default: last segment)")
+    pull.add_argument("--base-model", metavar="NAME", help=BASE_HELP)
     add_settings_flags(pull)
 
     ls = _verb(verbs, "ls", "list models, or the files of one model",
@@ -109,13 +117,13 @@ def run(args: argparse.Namespace) -> None:
     if args.verb == "push":
         from model_store.push import push
 
-        push(settings, args.local_dir, S3Url.parse(args.url), _log)
+        push(settings, args.local_dir, S3Url.parse(args.url), _log, args.base_model)
     elif args.verb == "pull":
         from model_store.pull import default_dest, pull
 
         src = S3Url.parse(args.url)
         dest = args.dest or default_dest(settings, src, args.model, args.revision)
-        print(pull(settings, src, dest, _log))
+        print(pull(settings, src, dest, _log, args.base_model))
     elif args.verb == "ls":
         from model_store.listing import ls
 

@@ -45,7 +45,9 @@ def _fmt(n: int) -> str:
 
 
 def describe_model(url: S3Url, manifest: Manifest) -> list[str]:
-    lines = [f"{url}: {len(manifest.files)} files, {_fmt(manifest.total_size)}"]
+    kind = (f", LoRA adapter of {manifest.adapter.base_model} (rank {manifest.adapter.rank})"
+            if manifest.adapter else "")
+    lines = [f"{url}: {len(manifest.files)} files, {_fmt(manifest.total_size)}{kind}"]
     width = max(len(n) for n in manifest.files)
     lines += [
         f"  {name:<{width}}  {entry.size:>15,}  {entry.sha256[:16]}"
@@ -66,5 +68,6 @@ def ls(settings: StoreSettings, url: S3Url) -> list[str]:
     for model in sorted(models, key=str):
         manifest = fetch_manifest(client, model)
         size, count = _fmt(manifest.total_size), len(manifest.files)
-        lines.append(f"{model!s:<60}  {size:>14}  {count:>4} files")
+        kind = f"  adapter of {manifest.adapter.base_model}" if manifest.adapter else ""
+        lines.append(f"{model!s:<60}  {size:>14}  {count:>4} files{kind}")
     return lines

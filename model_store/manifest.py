@@ -16,6 +16,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from model_store.adapter import AdapterInfo
 from model_store.client import MISSING, error_code, translate
 from model_store.errors import StoreError
 from model_store.marker import MARKER_NAME, FileEntry
@@ -48,22 +49,24 @@ def check_name(name: str) -> str:
 class Manifest:
     files: dict[str, FileEntry]
     created_at: float = field(default_factory=time.time)
+    # Set when the prefix holds a LoRA adapter: its base model and rank (model_store/adapter.py).
+    adapter: AdapterInfo | None = None
 
     @property
     def total_size(self) -> int:
         return sum(e.size for e in self.files.values())
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "format": MANIFEST_FORMAT,
-                "created_at": self.created_at,
-                "files": {
-                    n: {"size": e.size, "sha256": e.sha256} for n, e in sorted(self.files.items())
-                },
+        doc: dict[str, Any] = {
+            "format": MANIFEST_FORMAT,
+            "created_at": self.created_at,
+            "files": {
+                n: {"size": e.size, "sha256": e.sha256} for n, e in sorted(self.files.items())
             },
-            indent=1,
-        ).encode()
+        }
+        if self.adapter is not None:
+            doc["adapter"] = self.adapter.to_json()
+        return json.dumps(doc, indent=1).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> Manifest:
@@ -79,7 +82,8 @@ class Manifest:
                 files[check_name(str(name))] = FileEntry(size=size, sha256=digest)
             if not files:
                 raise ValueError("no files")
-            return cls(files=files, created_at=float(doc.get("created_at", 0.0)))
+            adapter = AdapterInfo.from_json(doc["adapter"], where) if "adapter" in doc else None
+            return cls(files=files, created_at=float(doc.get("created_at", 0.0)), adapter=adapter)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise StoreError(f"{where} is not a valid manifest: {exc}") from None
 

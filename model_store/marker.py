@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model_store.adapter import AdapterInfo
+from model_store.errors import StoreError
+
 MARKER_NAME = ".llmserve-complete.json"
 MARKER_FORMAT = 1
 
@@ -29,20 +32,22 @@ class Marker:
     source: str
     files: dict[str, FileEntry]
     completed_at: float
+    # A LoRA adapter's base and rank (model_store/adapter.py); None for a model.
+    adapter: AdapterInfo | None = None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": MARKER_FORMAT,
-                "source": self.source,
-                "completed_at": self.completed_at,
-                "files": {
-                    name: {"size": e.size, "sha256": e.sha256}
-                    for name, e in sorted(self.files.items())
-                },
+        doc: dict[str, Any] = {
+            "format": MARKER_FORMAT,
+            "source": self.source,
+            "completed_at": self.completed_at,
+            "files": {
+                name: {"size": e.size, "sha256": e.sha256}
+                for name, e in sorted(self.files.items())
             },
-            indent=2,
-        )
+        }
+        if self.adapter is not None:
+            doc["adapter"] = self.adapter.to_json()
+        return json.dumps(doc, indent=2)
 
 
 def marker_path(model_dir: str | os.PathLike[str]) -> Path:
@@ -50,10 +55,11 @@ def marker_path(model_dir: str | os.PathLike[str]) -> Path:
 
 
 def write_marker(
-    model_dir: str | os.PathLike[str], source: str, files: dict[str, FileEntry]
+    model_dir: str | os.PathLike[str], source: str, files: dict[str, FileEntry],
+    adapter: AdapterInfo | None = None,
 ) -> Marker:
     """Write the marker atomically (temp file + fsync + rename) so a reader never sees half of it."""
-    marker = Marker(source=source, files=dict(files), completed_at=time.time())
+    marker = Marker(source=source, files=dict(files), completed_at=time.time(), adapter=adapter)
     final = marker_path(model_dir)
     tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -77,8 +83,11 @@ def read_marker(model_dir: str | os.PathLike[str]) -> Marker | None:
             str(name): FileEntry(size=int(e["size"]), sha256=str(e["sha256"]))
             for name, e in raw["files"].items()
         }
-        return Marker(source=str(raw["source"]), files=files, completed_at=float(raw["completed_at"]))
-    except (KeyError, TypeError, ValueError, AttributeError):
+        adapter = (AdapterInfo.from_json(raw["adapter"], str(marker_path(model_dir)))
+                    if "adapter" in raw else None)
+        return Marker(source=str(raw["source"]), files=files,
+                      completed_at=float(raw["completed_at"]), adapter=adapter)
+    except (KeyError, TypeError, ValueError, AttributeError, StoreError):
         return None
 
 

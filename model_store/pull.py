@@ -8,6 +8,9 @@ Order of events (each step is what makes the next one safe):
    for the rest before the first GET of model data.
 4. Fetch the missing parts into `.<dest>.partial/` on the same volume; verify each file.
 5. Check we still hold the lease, rename the staging directory to DEST, write the marker last.
+
+With `base_model` (a LoRA adapter's pull, `--base-model`) the manifest must name that base before
+step 4, and a DEST already complete must carry it in its marker (model_store/adapter.py).
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from model_store.adapter import check_base
 from model_store.client import make_client
 from model_store.download import Downloader
 from model_store.errors import StoreError
 from model_store.lease import Lease, acquire
 from model_store.manifest import Manifest, fetch_manifest
-from model_store.marker import is_complete, write_marker
+from model_store.marker import is_complete, read_marker, write_marker
 from model_store.progress import Progress, resolve_mode
 from model_store.s3url import S3Url
 from model_store.settings import StoreSettings, env_name
@@ -71,9 +75,18 @@ def _remove_if_empty(dirs: list[Path]) -> None:
             return
 
 
-def pull(settings: StoreSettings, src: S3Url, dest: Path, log: Log) -> Path:
+def _check_complete(dest: Path, base_model: str | None) -> None:
+    """A DEST that is already complete: refuse it as the wrong base's adapter (its marker)."""
+    marker = read_marker(dest)
+    check_base(str(dest), marker.adapter if marker else None, base_model)
+
+
+def pull(
+    settings: StoreSettings, src: S3Url, dest: Path, log: Log, base_model: str | None = None
+) -> Path:
     dest = Path(os.path.abspath(dest))
     if is_complete(dest):
+        _check_complete(dest, base_model)
         log(f"{dest}: already complete")
         return dest
     created = _make_parents(dest.parent)
@@ -89,15 +102,17 @@ def pull(settings: StoreSettings, src: S3Url, dest: Path, log: Log) -> Path:
             log=log,
         )
         if lease is None:
-            log(f"{dest}: complete (pulled by another puller)")
             published = True
+            _check_complete(dest, base_model)
+            log(f"{dest}: complete (pulled by another puller)")
             return dest
         with lease:
             if is_complete(dest):  # finished by the previous holder just before we got in
-                log(f"{dest}: already complete")
                 published = True
+                _check_complete(dest, base_model)
+                log(f"{dest}: already complete")
                 return dest
-            _pull_locked(settings, src, dest, lease, log)
+            _pull_locked(settings, src, dest, lease, log, base_model)
             published = True
             return dest
     finally:
@@ -105,9 +120,13 @@ def pull(settings: StoreSettings, src: S3Url, dest: Path, log: Log) -> Path:
             _remove_if_empty(created)
 
 
-def _pull_locked(settings: StoreSettings, src: S3Url, dest: Path, lease: Lease, log: Log) -> None:
+def _pull_locked(
+    settings: StoreSettings, src: S3Url, dest: Path, lease: Lease, log: Log,
+    base_model: str | None,
+) -> None:
     client = make_client(settings)
     manifest = fetch_manifest(client, src)
+    check_base(str(src), manifest.adapter, base_model)  # before a byte of it is fetched
     staging = staging_dir(dest)
     if dest.exists():
         # A crash between the publishing rename and the marker leaves DEST without a marker;
@@ -138,7 +157,7 @@ def _pull_locked(settings: StoreSettings, src: S3Url, dest: Path, lease: Lease, 
     lease.check()
     finish(plan)
     os.rename(staging, dest)
-    write_marker(dest, source=str(src), files=manifest.files)
+    write_marker(dest, source=str(src), files=manifest.files, adapter=manifest.adapter)
     log(f"{dest}: complete ({manifest.total_size / 1e6:,.1f} MB, {len(manifest.files)} files)")
 
 

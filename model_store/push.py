@@ -5,6 +5,9 @@ after every object is complete, so a prefix with a manifest always holds a whole
 reader never trusts an ETag (multipart ETags are not MD5s). An existing manifest is removed first:
 while a prefix is being overwritten it is "unfinished", never a mix of two uploads. Parts are read
 with `pread` and sent from memory, so at most `concurrency` parts are buffered at once.
+
+A LoRA adapter directory (adapter_config.json) is pushed the same way; its base model and rank go
+into the manifest (model_store/adapter.py), checked before anything is uploaded.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from model_store.adapter import adapter_info
 from model_store.client import check_bucket, make_client, translate
 from model_store.errors import StoreError
 from model_store.hashing import local_files, sha256_file
@@ -129,14 +133,18 @@ class _Uploader:
                 log(f"could not abort the multipart upload of {key}: {exc}")
 
 
-def push(settings: StoreSettings, local: Path, dst: S3Url, log: Log) -> Manifest:
+def push(
+    settings: StoreSettings, local: Path, dst: S3Url, log: Log, base_model: str | None = None
+) -> Manifest:
     sizes = _files_of(local)
+    adapter = adapter_info(local, base_model)
     total = sum(sizes.values())
     client = make_client(settings)
     check_bucket(client, dst.bucket)
     # Unfinished from here on: a puller must not combine the old manifest with new objects.
     _call(client, dst, f"{dst}/{MANIFEST_NAME}", client.delete_object, Key=dst.key(MANIFEST_NAME))
-    log(f"pushing {len(sizes)} files, {total / 1e6:,.1f} MB, to {dst}")
+    what = f"LoRA adapter of {adapter.base_model} (rank {adapter.rank}), " if adapter else ""
+    log(f"pushing {what}{len(sizes)} files, {total / 1e6:,.1f} MB, to {dst}")
     progress = Progress(
         "push", total, len(sizes), mode=resolve_mode(settings.progress, sys.stderr),
         interval_s=settings.progress_interval_s,
@@ -167,7 +175,7 @@ def push(settings: StoreSettings, local: Path, dst: S3Url, log: Log) -> Manifest
     for name, entry in files.items():
         if (local / name).stat().st_size != entry.size:
             raise StoreError(f"{local / name} changed size while being pushed; push again")
-    manifest = Manifest(files=files)
+    manifest = Manifest(files=files, adapter=adapter)
     put_manifest(client, dst, manifest)
     log(f"{dst}: complete ({total / 1e6:,.1f} MB, {len(files)} files, manifest written last)")
     return manifest

@@ -52,5 +52,8 @@ def verify(dest: Path, threads: int, log: Log) -> int:
         more = f" (and {len(problems) - 1} more bad files)" if len(problems) > 1 else ""
         raise StoreError(problems[0] + more)
     total = sum(e.size for _, e in items)
-    log(f"{dest}: OK, {len(items)} files, {total / 1e6:,.1f} MB match the marker ({marker.source})")
+    kind = (f", LoRA adapter of {marker.adapter.base_model} (rank {marker.adapter.rank})"
+            if marker.adapter else "")
+    log(f"{dest}: OK, {len(items)} files, {total / 1e6:,.1f} MB match the marker "
+        f"({marker.source}{kind})")
     return len(items)
