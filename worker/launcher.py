@@ -3,8 +3,11 @@
 The lifecycle, in order (``Launcher.run``):
 
 1. capture SIGTERM/SIGINT, so a stop request during any later step is honoured;
-2. wait for the model directory's completion marker (never load a half-written model);
-3. pre-flight: the parallel layout against config.json and the pod's accelerators;
+2. wait for the model directory's completion marker (never load a half-written model), and for
+   each declared LoRA adapter's;
+3. pre-flight: the parallel layout against config.json and the pod's accelerators; each adapter
+   against the model (its base), and `--max-lora-rank` from their ranks when not set
+   (worker/lora.py: the command is built again with it);
 4. start vLLM in a new session, i.e. its own process group;
 5. wait until the engine exits or a stop signal arrives;
 6. on a stop signal, drain the requests (``drain_requests``): the API server turns not-ready
@@ -43,8 +46,9 @@ from types import FrameType
 
 from model_store.marker import is_complete, marker_path
 from worker.accelerators import check_accelerators, pod_accelerators
-from worker.argv import Command
+from worker.argv import Command, build_command
 from worker.drain import DRAIN_FILE_ENV
+from worker.lora import check_adapters, with_rank
 from worker.model_checks import check_layout, read_model_shape
 from worker.settings import WorkerSettings
 from worker.startup_cpus import release, startup_cpus
@@ -229,9 +233,7 @@ class Launcher:
         with self.capture_signals():
             # 2. Only a complete model directory may be loaded.
             logger.info("waiting for the completion marker in %s", self.settings.model_path)
-            if not wait_for_marker(
-                self.settings.model_path, self.settings.marker_timeout_s, self.should_exit
-            ):
+            if not self.wait_for_markers():
                 logger.info("stop requested before the model was complete; not starting vLLM")
                 return 128 + (self.received_signal or signal.SIGTERM)
 
@@ -264,9 +266,28 @@ class Launcher:
         self.received_signal = sig
         self.should_exit.set()
 
+    def wait_for_markers(self) -> bool:
+        """The model's marker, then each adapter's (each within WORKER_MARKER_TIMEOUT_S: the
+        fetches run side by side); False if a stop came first."""
+        for name, path in [("", self.settings.model_path),
+                           *sorted(self.settings.lora_adapters.items())]:
+            if name:
+                logger.info("waiting for the completion marker of adapter %s in %s", name, path)
+            if not wait_for_marker(path, self.settings.marker_timeout_s, self.should_exit):
+                return False
+        return True
+
     def preflight(self) -> None:
         check_layout(self.settings, read_model_shape(self.settings.model_path))
         check_accelerators(self.settings, pod_accelerators(self.settings, self.env))
+        if self.settings.lora_enabled:
+            adapters = check_adapters(self.settings)
+            resolved = with_rank(self.settings, adapters)
+            if resolved is not self.settings:
+                logger.info("LoRA: %d adapter(s) at start, --max-lora-rank %s", len(adapters),
+                            resolved.max_lora_rank)
+                self.settings = resolved
+                self.command = build_command(resolved)
 
     def startup(self) -> None:
         env = {**self.env, **self.command.env}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,6 +34,11 @@ KNOWN_DTYPES = frozenset(DTYPES)
 # Half precision on the CPU gave wrong greedy answers with the demo model ("L'Étoile, la
 # Marseillaise..." instead of "Paris"), so the worker refuses it rather than serve nonsense.
 CPU_UNSAFE_DTYPES = KNOWN_DTYPES - frozenset(CPU_DTYPES)
+
+# vLLM's accepted --max-lora-rank values (vllm.config.lora.MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# A LoRA adapter's name: what clients send as `model`, and a metrics label value.
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 # LeaderWorkerSet injects these into every pod of a group; they are defaults for the multi-node
 # fields, never overrides of an explicit WORKER_* value.
@@ -138,6 +144,37 @@ class WorkerSettings(BaseSettings):
         "cli (through worker.vllm_cli_shim) on a cpu follower.",
     )
 
+    # --- LoRA adapters (worker/lora.py) ---------------------------------------------------------
+    lora_adapters: Annotated[dict[str, Path], NoDecode] = Field(
+        default_factory=dict,
+        description="LoRA adapters loaded at start, name=directory (each a complete adapter "
+        "directory, pulled with `model_store pull --base-model`): 'a=/m/a,b=/m/b' or a JSON "
+        "object. Clients send the name as `model`.",
+    )
+    lora: bool = Field(
+        False,
+        description="Serve LoRA adapters even with none declared (for adapters added at run "
+        "time); on by itself with WORKER_LORA_ADAPTERS.",
+    )
+    max_loras: int | None = Field(
+        None, ge=1,
+        description="Adapters in one batch (vLLM --max-loras); default: one per declared "
+        "adapter (at least 1). Fewer than the adapters served makes requests of different "
+        "adapters wait for each other on a replica.",
+    )
+    max_lora_rank: int | None = Field(
+        None,
+        description="Largest adapter rank (vLLM --max-lora-rank, one of "
+        f"{', '.join(map(str, LORA_RANKS))}); default: the smallest of those that holds every "
+        "declared adapter's rank, read from the adapters at start (16 without any).",
+    )
+    lora_runtime_updates: bool = Field(
+        True,
+        description="Let the gateway load and unload adapters at run time "
+        "(VLLM_ALLOW_RUNTIME_LORA_UPDATING; the workers' API is reachable from the gateway "
+        "only).",
+    )
+
     # --- lifecycle -----------------------------------------------------------------------------
     marker_timeout_s: float = Field(
         1800.0, gt=0, description="Seconds to wait for the model's completion marker."
@@ -183,6 +220,45 @@ class WorkerSettings(BaseSettings):
         except ValueError as exc:
             raise ValueError(f"not a valid shell-quoted string ({exc})") from None
 
+    @field_validator("lora_adapters", mode="before")
+    @classmethod
+    def _parse_adapters(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                return json.loads(text)
+            except ValueError as exc:
+                raise ValueError(f"not a valid JSON object ({exc})") from None
+        out: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            name, sep, path = item.partition("=")
+            if not sep or not name.strip() or not path.strip():
+                raise ValueError(f"{item!r} is not name=directory")
+            if name.strip() in out:
+                raise ValueError(f"adapter {name.strip()!r} is given twice")
+            out[name.strip()] = path.strip()
+        return out
+
+    @field_validator("lora_adapters")
+    @classmethod
+    def _adapter_names(cls, value: dict[str, Path]) -> dict[str, Path]:
+        for name in value:
+            if not ADAPTER_NAME.match(name):
+                raise ValueError(
+                    f"adapter name {name!r}: letters, digits and . _ : - only (at most 128, "
+                    "starting with a letter or digit)"
+                )
+        return value
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _known_rank(cls, value: int | None) -> int | None:
+        if value is not None and value not in LORA_RANKS:
+            raise ValueError(f"vLLM takes one of {', '.join(map(str, LORA_RANKS))}")
+        return value
+
     @field_validator("dtype")
     @classmethod
     def _known_dtype(cls, value: str) -> str:
@@ -203,6 +279,14 @@ class WorkerSettings(BaseSettings):
     @property
     def model_name(self) -> str:
         return self.served_model_name or model_and_revision(self.model_path)[0]
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.lora or bool(self.lora_adapters)
+
+    @property
+    def resolved_max_loras(self) -> int:
+        return self.max_loras or max(1, len(self.lora_adapters))
 
     @property
     def resolved_dtype(self) -> str:
@@ -272,6 +356,10 @@ def _consistency_problems(s: WorkerSettings) -> list[str]:
     else:
         if s.cpu_threads_bind is not None:
             problems.append("WORKER_CPU_THREADS_BIND only applies to WORKER_DEVICE=cpu")
+    if s.model_name in s.lora_adapters:
+        problems.append(
+            f"WORKER_LORA_ADAPTERS: adapter {s.model_name!r} has the model's own name"
+        )
     if s.launcher == "module" and not s.is_leader:
         problems.append(
             f"WORKER_LAUNCHER=module cannot run a follower (WORKER_NODE_RANK={s.node_rank}): the "

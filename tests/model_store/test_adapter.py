@@ -56,8 +56,7 @@ def test_the_config_names_the_base_and_the_rank(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "flag", "fragment"), [
-    ({}, "Llama-3.1-8B", "names base model 'HuggingFaceTB/SmolLM2-135M-Instruct', not "
-                         "'Llama-3.1-8B'"),
+    ({}, "Llama-3.1-8B", "names base model 'HuggingFaceTB/SmolLM2-135M-Instruct', not 'Llama"),
     ({"base": None}, None, "names no base model"),
     ({"base": ""}, None, "names no base model"),
     ({"peft_type": "PREFIX_TUNING"}, None, "is not a LoRA adapter"),
