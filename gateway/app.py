@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.api.admin import AdminAuthMiddleware, build_admin_routes
 from gateway.api.auth import AuthMiddleware
 from gateway.api.deps import ProxyDeps
 from gateway.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
@@ -23,8 +24,10 @@ from gateway.flow.batcher import Batcher
 from gateway.flow.demand import Demand
 from gateway.flow.keys import load_keys
 from gateway.flow.pressure import PressureWatch
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import AdapterView, GatewayMetrics
+from gateway.routing.adapters import Adapters
 from gateway.routing.factory import build_router
+from gateway.routing.residency import Residency
 from gateway.routing.wake import WakeGate
 from gateway.settings import GatewaySettings, layouts_by_model, wake_budgets
 from gateway.transport.h1 import H1Transport
@@ -68,8 +71,15 @@ class FastLane:
 
 def build_app(settings: GatewaySettings) -> GatewayApp:
     transport = H1Transport(settings.timeouts)
+    # LoRA adapters: what replicas list reaches the registry (through the prober) before the
+    # router builds a pool for an adapter, which then routes by residency (docs/lora.md).
+    adapters = Adapters(transport, settings.lora)
+    residency = Residency(adapters, settings.lora) if settings.lora.residency else None
     # Probes share the connect deadline: a replica that slow to accept is not one to route to.
-    router = build_router(settings, HttpProber(transport, max(settings.timeouts.connect_s, 1.0)))
+    prober = HttpProber(transport, max(settings.timeouts.connect_s, 1.0),
+                        on_cards=adapters.observe)
+    router = build_router(settings, prober, residency)
+    adapters.attach(router)
     metrics = GatewayMetrics()
     metrics.backends.view = router.backend_states
     metrics.upstream_connections.view = transport.connections_opened
@@ -77,6 +87,10 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
         metrics.pool_info.labels(layout.name, layout.model, str(layout.tp), str(layout.pp),
                                  str(layout.nodes)).set(1)
     metrics.routing.view = router.routing_stats
+    metrics.parent_of = adapters.parent_of
+    metrics.adapters.view = AdapterView(
+        adapters.served, (lambda: residency.stats.counts) if residency else dict,
+        lambda: adapters.loads)
     # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
     keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
     admission = Admission(settings.flow, metrics) if settings.flow.enabled else None
@@ -85,10 +99,17 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     budgets = wake_budgets(settings.pools)
     wake = WakeGate(budgets, router, metrics) if budgets else None
     metrics.demand.view = Demand(router, admission, wake).view
-    state = ProxyDeps(settings, router, transport, metrics, admission, wake=wake)
-    # Admission watches the replicas' count (each pool's ceiling follows it) and the engines'
-    # queues, off the request path.
-    watches: list[tuple[float, Callable[[], Awaitable[None]], str]] = []
+    state = ProxyDeps(settings, router, transport, metrics, admission, wake=wake,
+                      parent_of=adapters.parent_of)
+
+    async def reconcile_adapters() -> None:
+        await adapters.reconcile()
+
+    # Off the request path: adapters added at run time follow replicas that restart or join;
+    # admission watches the replicas' count (each pool's ceiling follows it) and the engines'
+    # queues.
+    watches: list[tuple[float, Callable[[], Awaitable[None]], str]] = [
+        (settings.health_interval_s, reconcile_adapters, "adapter reconcile")]
     if admission is not None:
         async def follow_replicas() -> None:
             admission.set_replicas(router.replicas())
@@ -130,13 +151,18 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
             queued=admission.queued if admission is not None else lambda _: 0)
     app.include_router(
         build_routes(router, metrics, lambda: state.draining, settings.health_interval_s,
-                     layouts_by_model(settings.pools)))
+                     layouts_by_model(settings.pools), adapters.parent_of))
+    admin_digest = settings.admin_digest
+    if admin_digest is not None:
+        app.include_router(build_admin_routes(adapters, router))
     lane = FastLane(app, {
         "/v1/chat/completions": ProxyEndpoint(state, "/v1/chat/completions", "chat"),
         "/v1/completions": ProxyEndpoint(state, "/v1/completions", "completion"),
     })
     # Outermost first: request id, body limit, auth (only with a keys file), then the lanes.
     inner: ASGIApp = lane if keys is None else AuthMiddleware(lane, keys)
+    if admin_digest is not None:
+        inner = AdminAuthMiddleware(inner, admin_digest)
     outer = RequestIdMiddleware(BodyLimitMiddleware(inner, max_bytes=settings.max_body_bytes))
     return GatewayApp(outer, app, state)
 

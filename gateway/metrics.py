@@ -17,6 +17,7 @@ Changing a bound changes the series, so these are fixed here, not settings.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -193,6 +194,50 @@ class _RoutingCollector(Collector):
         return iter(())
 
 
+@dataclass(frozen=True)
+class AdapterView:
+    """What the LoRA adapter metrics read at scrape time: the adapters some available replica
+    serves, with their base ((adapter, base) pairs: the only adapter label values, so a name a
+    client made up never becomes one); residency routing's outcomes per base; adapter loads."""
+
+    served: Callable[[], Iterable[tuple[str, str]]]
+    residency: Callable[[], dict[str, dict[str, int]]]
+    loads: Callable[[], dict[str, int]]
+
+
+class _AdapterCollector(Collector):
+    def __init__(self) -> None:
+        self.view: AdapterView | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        info = GaugeMetricFamily(
+            "llmserve_adapter_info", "1 per LoRA adapter served by an available replica, with "
+            "its base model; per-adapter requests, tokens and TTFT are the model-labelled "
+            "series (model = the adapter's name): join on model", labels=["adapter", "base"])
+        residency = CounterMetricFamily(
+            "llmserve_adapter_residency", "Adapter requests by residency routing's outcome per "
+            "base model (hit: sent where the adapter is resident; miss: resident nowhere; "
+            "overloaded: every holder over the load bound; idle: no more adapters than "
+            "--max-loras, not narrowed)", labels=["base", "outcome"])
+        loads = CounterMetricFamily(
+            "llmserve_adapter_loads", "Adapter loads the gateway asked of replicas (added at "
+            "run time, or re-applied to a replica that restarted or joined), by outcome",
+            labels=["outcome"])
+        v = self.view
+        if v is not None:
+            for adapter, base in v.served():
+                info.add_metric([adapter, base], 1.0)
+            for base, counts in sorted(v.residency().items()):
+                for outcome, n in counts.items():
+                    residency.add_metric([base, outcome], n)
+            for outcome, n in v.loads().items():
+                loads.add_metric([outcome], n)
+        yield from (info, residency, loads)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
 _E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -200,11 +245,17 @@ class ModelSeries:
     """One model's per-request series, their label children looked up once (a `labels()` call
     per update builds a key each time; six per streamed request)."""
 
-    __slots__ = ("_requests", "_requests_by", "e2e", "input_tokens", "itl", "model",
-                 "output_tokens", "tpot", "ttft", "usage_invalid")
+    __slots__ = ("_requests", "_requests_by", "_tenant_tokens", "_tenants", "adapter", "e2e",
+                 "input_tokens", "itl", "model", "output_tokens", "tpot", "ttft",
+                 "usage_invalid")
 
     def __init__(self, m: GatewayMetrics, model: str) -> None:
         self.model = model
+        # A LoRA adapter: its tokens are also counted per tenant (tenant accounting per adapter).
+        self.adapter = m.parent_of(model) is not None
+        self._tenant_tokens = m.tenant_adapter_tokens
+        # tenant -> (input child, output child): bounded by the keys file's tenants.
+        self._tenants: dict[str, tuple[CounterValue, CounterValue]] = {}
         self.ttft = m.ttft.labels(model)
         self.e2e = m.e2e.labels(model)
         self.tpot = m.tpot.labels(model)
@@ -215,6 +266,18 @@ class ModelSeries:
         self._requests = m.requests
         # (backend, status) -> child: bounded by the pool's backends times the statuses seen.
         self._requests_by: dict[tuple[str, str], CounterValue] = {}
+
+    def tenant_used(self, tenant: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """An adapter's tokens charged to `tenant` (a no-op for a base model)."""
+        if not self.adapter:
+            return
+        pair = self._tenants.get(tenant)
+        if pair is None:
+            pair = self._tenants[tenant] = (
+                self._tenant_tokens.labels(tenant, self.model, "input"),
+                self._tenant_tokens.labels(tenant, self.model, "output"))
+        pair[0].inc(prompt_tokens)
+        pair[1].inc(completion_tokens)
 
     def request(self, backend: str, status: str) -> None:
         """Count one proxied request by its backend and final status."""
@@ -310,6 +373,8 @@ class GatewayMetrics:
         r.register(self.upstream_connections)
         self.routing = _RoutingCollector()
         r.register(self.routing)
+        self.adapters = _AdapterCollector()
+        r.register(self.adapters)
         self._series: dict[str, ModelSeries] = {}
 
         # -- the HTTP edge (gateway/edge/) ------------------------------------------------------
@@ -352,6 +417,13 @@ class GatewayMetrics:
             "llmserve_tenant_tokens", "Tokens used per tenant, from upstream usage",
             ["tenant", "kind"], registry=r,
         )
+        self.tenant_adapter_tokens = LoopCounter(
+            "llmserve_tenant_adapter_tokens", "Tokens used per tenant on each LoRA adapter, from "
+            "upstream usage (also counted in llmserve_tenant_tokens)",
+            ["tenant", "adapter", "kind"], registry=r,
+        )
+        # Set by the app: a LoRA adapter's base model, None for a base model (routing/adapters).
+        self.parent_of: Callable[[str], str | None] = lambda _: None
         self.shared_limit_errors = Counter(
             "llmserve_shared_limits_errors",
             "Per-key limit checks that Redis failed (timeout, refused, error); "

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # The routing policies by name, checked at start-up; gateway/routing/factory.py builds them.
@@ -204,6 +204,52 @@ def wake_budgets(pools: list[PoolLayout]) -> dict[str, float]:
     return out
 
 
+class LoraSettings(BaseModel):
+    """LoRA adapters (docs/lora.md): adapters added at run time re-applied to every replica, and
+    routing by where an adapter is resident (gateway/routing/adapters.py, residency.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_loras: dict[str, int] = Field(
+        default={},
+        description='adapters each replica of a base model holds at once (its vLLM --max-loras), '
+        'JSON: {"base model": 2}; a base not listed: default_max_loras',
+    )
+    default_max_loras: int = Field(
+        1, ge=1, description="--max-loras of a base model not in max_loras (vLLM's default)"
+    )
+    residency: bool = Field(
+        True, description="when a base has more adapters than --max-loras, prefer replicas where "
+                          "the requested adapter is resident (within a load bound)",
+    )
+    balance: float = Field(
+        0.25, gt=0, le=10, description="bounded load: a replica holding the adapter may take up "
+                                       "to (1 + balance) x the mean load",
+    )
+    slack: int = Field(
+        1, ge=0, le=1024, description="... plus this many requests: an adapter swap costs more "
+                                      "than a short queue",
+    )
+    load_timeout_s: float = Field(
+        60.0, gt=0, description="one adapter load on one replica (vLLM reads it from the volume)"
+    )
+
+    @field_validator("max_loras")
+    @classmethod
+    def _positive(cls, v: dict[str, int]) -> dict[str, int]:
+        bad = {k: n for k, n in v.items() if n < 1}
+        if bad:
+            raise ValueError(f"GATEWAY_LORA__MAX_LORAS: values must be >= 1 (got {bad})")
+        return v
+
+    def max_loras_of(self, base: str) -> int:
+        return self.max_loras.get(base, self.default_max_loras)
+
+
+# The admin key's shortest length: a key an attacker could enumerate is no key.
+ADMIN_KEY_MIN = 16
+
+
 def layouts_by_model(pools: list[PoolLayout]) -> dict[str, PoolLayout]:
     """Each served model's layout; a model served by pools of different layouts has none."""
     seen: dict[str, PoolLayout | None] = {}
@@ -269,6 +315,11 @@ class GatewaySettings(BaseSettings):
     edge: EdgeSettings = EdgeSettings()
     api_keys_file: Path | None = Field(
         None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off")
+    admin_key: SecretStr | None = Field(
+        None, description=f"the admin API's Bearer key (/admin/..., at least {ADMIN_KEY_MIN} "
+                          "characters; from a Secret, as GATEWAY_ADMIN_KEY); unset: no admin API",
+    )
+    lora: LoraSettings = LoraSettings()
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="largest request body accepted (counted, not trusted)"
     )
@@ -319,6 +370,8 @@ class GatewaySettings(BaseSettings):
             self.backends
         ):
             raise ValueError("GATEWAY_BACKENDS lists the same backend twice")
+        if self.admin_key is not None and len(self.admin_key.get_secret_value()) < ADMIN_KEY_MIN:
+            raise ValueError(f"GATEWAY_ADMIN_KEY must be at least {ADMIN_KEY_MIN} characters")
         if self.edge.probe_port == self.port:
             raise ValueError("GATEWAY_EDGE__PROBE_PORT must differ from GATEWAY_PORT")
         return self

@@ -32,3 +32,4 @@ def count_usage(
     s.output_tokens.inc(counts[1])
     if tenant is not None:
         tenant.used(*counts)
+        s.tenant_used(tenant.name, *counts)

@@ -4,6 +4,7 @@ the open requests and whether it drains."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.api.inflight import InFlight
@@ -28,3 +29,6 @@ class ProxyDeps:
     # The proxy's open requests: the drain ends them in-band when its timeout expires.
     inflight: InFlight = field(default_factory=InFlight)
     draining: bool = False  # SIGTERM came: /ready answers 503
+    # A LoRA adapter's base model (None for a base model): its requests share the base's
+    # admission pool, since they run on the base's engines (routing/adapters.py).
+    parent_of: Callable[[str], str | None] = field(default=lambda _: None)

@@ -106,11 +106,14 @@ class ProxyEndpoint:
         d = self._d
         flow = d.flow
         wake = d.wake
+        # A LoRA adapter's requests are admitted with its base model's, and wake its pool: the
+        # same engines serve both (routing/adapters.py).
+        name = d.parent_of(req.model) or req.model
         # Unknown models skip admission (404 or 503 later): made-up names must not create pools.
         if flow is None or not d.router.knows_model(req.model):
-            if wake is not None and wake.asleep(req.model):
+            if wake is not None and wake.asleep(name):
                 try:
-                    await wake.wait(req.model)
+                    await wake.wait(name)
                 except GatewayError as exc:
                     d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
                     await send_error(send, exc)
@@ -118,14 +121,14 @@ class ProxyEndpoint:
             await self._forward(scope, req, raw, send, ex, None, None)
             return
         tenant = flow.tenants.for_key(scope.get("state", {}).get("api_key"))
-        pool = flow.pool(req.model)
+        pool = flow.pool(name)
         try:
-            await flow.check_limits(tenant, req.model)
+            await flow.check_limits(tenant, name)
             # A pool at zero replicas: wait for one (routing/wake.py) after the per-key limits,
             # before taking a slot, then go through the door like any request.
-            if wake is not None and wake.asleep(req.model):
+            if wake is not None and wake.asleep(name):
                 try:
-                    await wake.wait(req.model)
+                    await wake.wait(name)
                 except GatewayError:
                     tenant.refund()
                     raise

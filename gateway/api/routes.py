@@ -18,6 +18,7 @@ from gateway.settings import PoolLayout
 def build_routes(
     router: Router, metrics: GatewayMetrics, draining: Callable[[], bool], retry_after_s: float,
     layouts: dict[str, PoolLayout] | None = None,
+    parent_of: Callable[[str], str | None] = lambda _: None,
 ) -> APIRouter:
     api = APIRouter()
     created = int(time.time())
@@ -26,14 +27,20 @@ def build_routes(
     async def list_models() -> JSONResponse:
         # Models with an available replica. `llmserve` (an extension OpenAI clients ignore): live
         # replicas and the configured layout, so a benchmark report can say what it measured.
+        # A LoRA adapter names its base model as `parent`, as vLLM lists it.
         replicas = router.replicas()
         data = []
         for m in router.models():
             info: dict[str, int] = {"replicas": replicas.get(m, 0)}
             if layouts and m in layouts:
                 info.update(layouts[m].model_dump(include={"tp", "pp", "nodes"}))
-            data.append({"id": m, "object": "model", "created": created, "owned_by": "llmserve",
-                         "llmserve": info})
+            card: dict[str, object] = {"id": m, "object": "model", "created": created,
+                                       "owned_by": "llmserve"}
+            parent = parent_of(m)
+            if parent is not None:
+                card["parent"] = parent
+            card["llmserve"] = info
+            data.append(card)
         return JSONResponse({"object": "list", "data": data})
 
     @api.get("/health")

@@ -10,6 +10,7 @@ from gateway.routing.discovery.dns import Dns
 from gateway.routing.discovery.static import Static
 from gateway.routing.policy import LeastOutstanding, RoundRobin, RoutingPolicy
 from gateway.routing.probe import Prober
+from gateway.routing.residency import Residency, resident_first
 from gateway.routing.retry_budget import RetryBudget
 from gateway.routing.router import Router
 from gateway.settings import AffinitySettings, GatewaySettings, wake_budgets
@@ -52,13 +53,19 @@ def build_discovery(settings: GatewaySettings) -> Discovery:
     return Static(settings.backends)
 
 
-def build_router(settings: GatewaySettings, prober: Prober) -> Router:
+def build_router(settings: GatewaySettings, prober: Prober,
+                 residency: Residency | None = None) -> Router:
     default = make_policy(settings.routing_policy, settings.affinity)
 
     def policy_for(model: str) -> RoutingPolicy:
-        # One policy object per model pool: its state and its metrics stay per pool.
-        return make_policy(settings.routing_policies.get(model, settings.routing_policy),
-                           settings.affinity)
+        # One policy object per model pool: its state and its metrics stay per pool. A LoRA
+        # adapter's pool routes by residency first: the prober has told the adapter registry the
+        # adapter's base before the router asks for its pool.
+        policy = make_policy(settings.routing_policies.get(model, settings.routing_policy),
+                             settings.affinity)
+        if residency is not None and residency.adapters.parent_of(model) is not None:
+            return resident_first(policy, residency)
+        return policy
 
     return Router(
         build_discovery(settings),

@@ -279,6 +279,7 @@ class Router:
             policies = self._policies
         for m in sorted(set(policies) | set(self.panics)):
             p = policies.get(m)
+            p = getattr(p, "inner", p)  # a wrapper (LoRA residency) around the pool's policy
             panics = self.panics.get(m, 0)
             if isinstance(p, PrefixAffinity):
                 st = p.stats

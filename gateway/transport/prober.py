@@ -1,6 +1,15 @@
-"""Health and model probes over the transport; satisfies `gateway.routing.probe.Prober`."""
+"""Health and model probes over the transport; satisfies `gateway.routing.probe.Prober`.
+
+A replica's /v1/models lists its base model and every LoRA adapter it has loaded, each adapter
+with its base as `parent` and its directory as `root` (as vLLM answers). The router needs the ids
+only; the whole cards go to `on_cards` first, so that whoever tracks adapters knows an adapter's
+base before the router builds a pool for it.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import orjson
 
@@ -8,10 +17,28 @@ from gateway.errors import UpstreamFailed
 from gateway.transport.base import Transport
 
 
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    """One entry of a replica's /v1/models: `parent` is set for a LoRA adapter (its base)."""
+
+    id: str
+    parent: str | None = None
+    root: str | None = None
+
+
+CardsSink = Callable[[str, list[ModelCard]], None]
+
+
+def _opt_str(v: object) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
 class HttpProber:
-    def __init__(self, transport: Transport, timeout_s: float) -> None:
+    def __init__(self, transport: Transport, timeout_s: float,
+                 on_cards: CardsSink | None = None) -> None:
         self._transport = transport
         self._timeout_s = timeout_s
+        self._on_cards = on_cards
 
     async def _get(self, url: str) -> bytes | None:
         """The body of a 200 answer; None for any other answer or a failure."""
@@ -30,6 +57,10 @@ class HttpProber:
             return None
         try:
             data = orjson.loads(body)["data"]
-            return [str(m["id"]) for m in data]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+            cards = [ModelCard(str(m["id"]), _opt_str(m.get("parent")), _opt_str(m.get("root")))
+                     for m in data]
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             return None
+        if self._on_cards is not None:
+            self._on_cards(base_url, cards)
+        return [c.id for c in cards]

@@ -1,0 +1,358 @@
+"""The LoRA adapters the platform serves, kept the same on every replica of their base model.
+
+vLLM loads an adapter on one server at a time (`POST /v1/load_lora_adapter`), and a server that
+restarts comes back with only the adapters of its command line. This module keeps the set per
+base model and re-applies it (docs/lora.md):
+
+- **Seen.** Every replica's /v1/models (through the prober's `observe`, before the router builds
+  pools) names its adapters, each with its base (`parent`) and its directory (`root`, on the
+  shared volume). An adapter seen on any replica is part of its base's set: those a pool declares
+  (the worker's --lora-modules) and those added at run time through any gateway.
+- **Added** through this gateway's admin API (api/admin.py): loaded on every available replica of
+  the base, at once.
+- **Re-applied** by a reconcile round every probe period (app.py runs it): a replica that joins (discovery) or
+  comes back after its probe failed (a restart: a new `CacheLife`, as the router gives it) gets
+  every adapter of its base it does not list. A life is only ever brought up to date once per
+  adapter ("ensured"), so an adapter another gateway removed is not pushed back onto replicas
+  that merely miss it; one this gateway learns about counts as ensured on the replicas up at that
+  moment. A load that fails is retried with a backoff.
+- **Removed** through the admin API: unloaded everywhere; the name is not learned again until no
+  replica lists it (the removal is complete), and it is forgotten by every gateway once no
+  available replica of its base lists it.
+
+Two gateways that race a removal against a replica's restart may load the adapter back on that
+replica: removal is eventually consistent, not transactional. Adapters declared by a pool come
+back with every restart of its workers: remove them from the pool's values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import orjson
+
+from gateway.errors import GatewayError, RateLimitedLog
+from gateway.routing.backend import Backend, CacheLife
+from gateway.routing.router import Router
+from gateway.settings import LoraSettings
+from gateway.transport.base import Transport
+from gateway.transport.prober import ModelCard
+
+log = logging.getLogger("gateway.adapters")
+_failures = RateLimitedLog(log)
+
+LOAD_PATH = "/v1/load_lora_adapter"
+UNLOAD_PATH = "/v1/unload_lora_adapter"
+# After a failed load on one replica: wait this long before the next try, doubling up to the max.
+RETRY_FIRST_S = 2.0
+RETRY_MAX_S = 60.0
+
+
+@dataclass
+class Adapter:
+    """One adapter of the set: its base model and its directory on the shared volume."""
+
+    name: str
+    base: str
+    path: str
+    # Added through this gateway (kept even while no replica lists it); else learned.
+    ours: bool = False
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    url: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class _Life:
+    """What the reconciler did for one life of one replica."""
+
+    ensured: set[str] = field(default_factory=set)
+    # name -> (failures so far, monotonic time of the next try)
+    retry: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+
+class Adapters:
+    """The adapter set per base, what each replica lists, and the reconcile loop."""
+
+    def __init__(self, transport: Transport, settings: LoraSettings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._transport = transport
+        self._settings = settings
+        self._clock = clock
+        self._router: Router | None = None
+        self._adapters: dict[str, Adapter] = {}
+        # Hot path (`parent_of`): adapter -> base, for every adapter seen or added.
+        self._parents: dict[str, str] = {}
+        self._counts: dict[str, int] = {}  # base -> adapters in the set
+        self._listed: dict[str, dict[str, ModelCard]] = {}  # url -> adapter cards it lists
+        self._bases: dict[str, frozenset[str]] = {}  # url -> base models it serves
+        self._loaded: dict[str, set[str]] = {}  # url -> loaded by us since its last listing
+        self._lives: dict[CacheLife, _Life] = {}
+        self._removed: set[str] = set()
+        self._lock = asyncio.Lock()
+        self.loads = {"ok": 0, "failed": 0}
+
+    def attach(self, router: Router) -> None:
+        self._router = router
+
+    # -- what replicas list (called by the prober, before the router rebuilds its pools) --------
+
+    def observe(self, url: str, cards: list[ModelCard]) -> None:
+        url = url.rstrip("/")
+        adapters = {c.id: c for c in cards if c.parent is not None}
+        self._listed[url] = adapters
+        self._bases[url] = frozenset(c.id for c in cards if c.parent is None)
+        self._loaded.pop(url, None)  # the listing is the truth from here on
+        for name, card in adapters.items():
+            parent = card.parent
+            assert parent is not None
+            if name in self._removed or name in self._adapters:
+                continue
+            self._keep(Adapter(name, parent, card.root or ""))
+            # Learned, not added: replicas up now may miss it for a reason (another gateway's
+            # removal in progress); only lives that come up from now on are brought up to date.
+            for life in self._available_lives():
+                self._life(life).ensured.add(name)
+            log.info("adapter %s of %s seen on %s (%s)", name, parent, url, card.root)
+
+    # -- per request -----------------------------------------------------------------------------
+
+    def parent_of(self, model: str) -> str | None:
+        """The base model of adapter `model`; None for a base model or an unknown name."""
+        return self._parents.get(model)
+
+    def count(self, base: str) -> int:
+        """Adapters of `base` in the set."""
+        return self._counts.get(base, 0)
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def catalog(self) -> list[tuple[Adapter, list[str]]]:
+        """Each adapter of the set with the replicas that list it (or loaded it), by name."""
+        return [(a, sorted(u for u in self._listed if a.name in self._present(u)))
+                for a in sorted(self._adapters.values(), key=lambda a: a.name)]
+
+    def served(self) -> list[tuple[str, str]]:
+        """(adapter, base) for the adapters some available replica serves: the label values of
+        the adapter metrics (never a name a client made up)."""
+        router = self._router
+        if router is None:
+            return []
+        now = self._clock()
+        up = {b.url for b in router.backends() if b.available(now)}
+        return sorted((a.name, a.base) for a in self._adapters.values()
+                      if any(a.name in self._present(u) for u in up))
+
+    # -- admin -----------------------------------------------------------------------------------
+
+    async def add(self, name: str, base: str, path: str) -> list[LoadResult]:
+        """Load `name` on every available replica of `base` and keep it in the set if at least
+        one took it (otherwise nothing changes; the results say why)."""
+        async with self._lock:
+            targets = self._replicas_of(base)
+            results = await asyncio.gather(*(self._load(b, name, path) for b in targets))
+            if any(r.ok for r in results):
+                self._removed.discard(name)
+                self._keep(Adapter(name, base, path, ours=True))
+                for b, r in zip(targets, results, strict=True):
+                    if r.ok:
+                        self._life(b.cache_life).ensured.add(name)
+                log.info("adapter %s of %s added: %d of %d replica(s)", name, base,
+                         sum(r.ok for r in results), len(results))
+        await self._refresh()
+        return list(results)
+
+    async def remove(self, name: str) -> list[LoadResult]:
+        """Unload `name` from every available replica that lists it, and drop it from the set."""
+        async with self._lock:
+            adapter = self._adapters.get(name)
+            self._drop(name)
+            self._removed.add(name)
+            targets = [b for b in self._available() if name in self._present(b.url)]
+            results = await asyncio.gather(*(self._unload(b, name) for b in targets))
+            for life in self._lives.values():
+                life.ensured.discard(name)
+                life.retry.pop(name, None)
+            if adapter is not None:
+                log.info("adapter %s of %s removed from %d replica(s)", name, adapter.base,
+                         sum(r.ok for r in results))
+        await self._refresh()
+        return list(results)
+
+    def get(self, name: str) -> Adapter | None:
+        return self._adapters.get(name)
+
+    # -- the reconcile round (every probe period: app.py) ----------------------------------------
+
+    async def reconcile(self) -> int:
+        """One round: bring every available replica's life up to date; returns the loads that
+        succeeded."""
+        loaded = 0
+        async with self._lock:
+            self._prune()
+            now = self._clock()
+            todo: list[tuple[Backend, Adapter]] = []
+            for b in self._available():
+                life = self._life(b.cache_life)
+                present = self._present(b.url)
+                bases = self._bases.get(b.url, frozenset())
+                for a in self._adapters.values():
+                    if a.base not in bases or a.name in life.ensured:
+                        continue
+                    if a.name in present:
+                        life.ensured.add(a.name)
+                        continue
+                    tries, at = life.retry.get(a.name, (0, 0.0))
+                    if now >= at:
+                        todo.append((b, a))
+            results = await asyncio.gather(*(self._load(b, a.name, a.path) for b, a in todo))
+            for (b, a), r in zip(todo, results, strict=True):
+                life = self._life(b.cache_life)
+                if r.ok:
+                    life.ensured.add(a.name)
+                    life.retry.pop(a.name, None)
+                    loaded += 1
+                    log.info("adapter %s re-applied on %s", a.name, b.url)
+                else:
+                    tries = life.retry.get(a.name, (0, 0.0))[0] + 1
+                    wait = min(RETRY_FIRST_S * 2 ** (tries - 1), RETRY_MAX_S)
+                    life.retry[a.name] = (tries, now + wait)
+            self._forget()
+        if loaded:
+            await self._refresh()
+        return loaded
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _available(self) -> list[Backend]:
+        if self._router is None:
+            return []
+        now = self._clock()
+        return [b for b in self._router.backends() if b.available(now)]
+
+    def _available_lives(self) -> Iterable[CacheLife]:
+        return (b.cache_life for b in self._available())
+
+    def _replicas_of(self, base: str) -> list[Backend]:
+        return [b for b in self._available() if base in self._bases.get(b.url, ())]
+
+    def _present(self, url: str) -> set[str]:
+        return set(self._listed.get(url, ())) | self._loaded.get(url, set())
+
+    def _keep(self, a: Adapter) -> None:
+        self._adapters[a.name] = a
+        self._recount()
+
+    def _drop(self, name: str) -> None:
+        self._adapters.pop(name, None)
+        self._recount()
+
+    def _recount(self) -> None:
+        self._parents = {a.name: a.base for a in self._adapters.values()}
+        counts: dict[str, int] = {}
+        for a in self._adapters.values():
+            counts[a.base] = counts.get(a.base, 0) + 1
+        self._counts = counts
+
+    def _life(self, life: CacheLife) -> _Life:
+        found = self._lives.get(life)
+        if found is None:
+            found = self._lives[life] = _Life()
+        return found
+
+    def _prune(self) -> None:
+        """Forget lives that ended (a new life, or the replica left) and replicas that left."""
+        if self._router is None:
+            return
+        backends = self._router.backends()
+        current = {b.cache_life for b in backends}
+        for life in [x for x in self._lives if x not in current]:
+            del self._lives[life]
+        urls = {b.url for b in backends}
+        for url in [u for u in self._listed if u not in urls]:
+            del self._listed[url]
+            self._bases.pop(url, None)
+            self._loaded.pop(url, None)
+
+    def _forget(self) -> None:
+        """An adapter that no available replica of its base lists, although each of them was
+        brought up to date with it, was removed through another gateway: it leaves the set. (A
+        replica still waiting for its load, a restarted one say, keeps it.) A removal this
+        gateway made is complete when no replica lists the name; it may then be learned again."""
+        up = self._available()
+        for a in list(self._adapters.values()):
+            replicas = [b for b in up if a.base in self._bases.get(b.url, ())]
+            if replicas and all(
+                a.name not in self._present(b.url) and a.name in self._life(b.cache_life).ensured
+                for b in replicas
+            ):
+                self._drop(a.name)
+                log.info("adapter %s of %s is on no replica any more: forgotten", a.name, a.base)
+        for name in list(self._removed):
+            if up and not any(name in self._present(b.url) for b in up):
+                self._removed.discard(name)
+
+    async def _refresh(self) -> None:
+        """Probe again so that the router's pools follow what was loaded or unloaded now."""
+        if self._router is not None:
+            await self._router.probe_all()
+
+    async def _load(self, b: Backend, name: str, path: str) -> LoadResult:
+        body = orjson.dumps({"lora_name": name, "lora_path": path})
+        status, text = await self._post(b.url + LOAD_PATH, body)
+        # vLLM answers 400 "has already been loaded" for a name it has: what we wanted.
+        ok = status == 200 or (status == 400 and "already been loaded" in text)
+        if ok:
+            self._loaded.setdefault(b.url, set()).add(name)
+            self.loads["ok"] += 1
+        else:
+            self.loads["failed"] += 1
+            _failures.warning("loading adapter %s (%s) on %s failed: %s", name, path, b.url,
+                              text)
+        return LoadResult(b.url, ok, text if not ok else "loaded")
+
+    async def _unload(self, b: Backend, name: str) -> LoadResult:
+        status, text = await self._post(b.url + UNLOAD_PATH, orjson.dumps({"lora_name": name}))
+        ok = status in (200, 404)  # 404: it was not there (any more)
+        if ok:
+            self._loaded.get(b.url, set()).discard(name)
+        return LoadResult(b.url, ok, "unloaded" if ok else text)
+
+    async def _post(self, url: str, body: bytes) -> tuple[int, str]:
+        """(status, the answer's text or what went wrong); status 0 when there was no answer."""
+        headers = {"content-type": "application/json"}
+        try:
+            async with asyncio.timeout(self._settings.load_timeout_s):
+                resp = await self._transport.post(url, body, headers, streaming=False)
+                try:
+                    raw = await resp.read()
+                except BaseException:
+                    resp.close()
+                    raise
+                resp.release()
+        except TimeoutError:
+            return 0, f"no answer within {self._settings.load_timeout_s:g} s"
+        except GatewayError as exc:
+            return 0, exc.message
+        return resp.status, _message(raw)
+
+
+def _message(raw: bytes) -> str:
+    """An engine's answer as one line: its error message when it sent an OpenAI error."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw[:300].decode("utf-8", "replace").strip()
+    if isinstance(doc, dict):
+        err = doc.get("error", doc)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+    return raw[:300].decode("utf-8", "replace").strip()
