@@ -1,5 +1,6 @@
 """`llmserve-devstack` (`python -m devstack`): the README's `make up`. Ctrl-C stops everything, no
-orphans left. `llmserve-devstack compare` is `make compare` (devstack/compare.py)."""
+orphans left. `llmserve-devstack compare` is `make compare` (devstack/compare.py);
+`llmserve-devstack demo-adapter` makes a LoRA adapter for the demo model (devstack/adapter.py)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         from devstack.compare import main as compare
 
         return compare(argv[1:])
+    if argv[:1] == ["demo-adapter"]:
+        from devstack.adapter import main as demo_adapter
+
+        return demo_adapter(argv[1:])
     p = Parser(prog=PROG, description=__doc__)
     p.add_argument("--model-dir", type=Path, required=True, help="bootstrapped model directory")
     p.add_argument("--workers", type=int, default=2, help="data-parallel vLLM-CPU replicas")

@@ -85,6 +85,8 @@ class LocalStack:
     engine_nice: int = 10
     drain_timeout_s: float = 15
     gateway_args: list[str] = field(default_factory=list)
+    # More worker flags for every worker (LoRA adapters: --lora-adapters, --max-loras, ...).
+    worker_args: list[str] = field(default_factory=list)
     worker_procs: list[Proc] = field(default_factory=list)
     gateway_proc: Proc | None = None
 
@@ -118,12 +120,16 @@ class LocalStack:
             # The gateway shares these cores; at the engines' priority it waits for a core
             # under overload and its refusals slow down (docs/benchmarks.md, flow control).
             "--nice", str(self.engine_nice),
+            *self.worker_args,
         ]
         return Proc(f"worker-{i}", argv, env, self.log_dir / f"worker-{i}.log")
 
-    def restart_worker(self, i: int, timeout_s: float = 600) -> None:
-        """Stop worker `i` as Kubernetes would (SIGTERM: it drains, then stops vLLM), wait for
-        every process of it to be gone, start it again and wait until it is healthy."""
+    def restart_worker(self, i: int, timeout_s: float = 600, kill: bool = False) -> None:
+        """Stop worker `i` as Kubernetes would (SIGTERM: it drains, then stops vLLM), or with
+        `kill` as a crash would (SIGKILL to the launcher and its engine), wait for every process
+        of it to be gone, start it again and wait until it is healthy."""
+        if kill:
+            self.worker_procs[i].kill_hard()
         # The launcher's own bound (drain, then the engine's exit) plus a margin; past it the
         # whole tree is SIGKILLed, so no engine outlives the old worker.
         self.worker_procs[i].stop(grace_s=self.drain_timeout_s + 15)

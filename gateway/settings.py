@@ -6,6 +6,7 @@ reads the environment after that, so tests build as many independent gateways as
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Annotated, Literal
@@ -317,7 +318,13 @@ class GatewaySettings(BaseSettings):
         None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off")
     admin_key: SecretStr | None = Field(
         None, description=f"the admin API's Bearer key (/admin/..., at least {ADMIN_KEY_MIN} "
-                          "characters; from a Secret, as GATEWAY_ADMIN_KEY); unset: no admin API",
+                          "characters; from a Secret, as GATEWAY_ADMIN_KEY); unset, and no "
+                          "admin_key_sha256: no admin API",
+    )
+    admin_key_sha256: str | None = Field(
+        None, pattern="^[0-9a-fA-F]{64}$",
+        description="the admin key's SHA-256 (hex) instead of the key itself, so the "
+                    "configuration holds no working key: printf %s KEY | sha256sum",
     )
     lora: LoraSettings = LoraSettings()
     max_body_bytes: int = Field(
@@ -360,6 +367,15 @@ class GatewaySettings(BaseSettings):
             out.append(url)
         return out
 
+    @property
+    def admin_digest(self) -> bytes | None:
+        """The admin key's SHA-256, from whichever setting holds it; None: no admin API."""
+        if self.admin_key is not None:
+            return hashlib.sha256(self.admin_key.get_secret_value().encode()).digest()
+        if self.admin_key_sha256 is not None:
+            return bytes.fromhex(self.admin_key_sha256)
+        return None
+
     @model_validator(mode="after")
     def _consistent(self) -> GatewaySettings:
         if self.discovery == "dns" and not self.dns_name:
@@ -372,6 +388,8 @@ class GatewaySettings(BaseSettings):
             raise ValueError("GATEWAY_BACKENDS lists the same backend twice")
         if self.admin_key is not None and len(self.admin_key.get_secret_value()) < ADMIN_KEY_MIN:
             raise ValueError(f"GATEWAY_ADMIN_KEY must be at least {ADMIN_KEY_MIN} characters")
+        if self.admin_key is not None and self.admin_key_sha256 is not None:
+            raise ValueError("set GATEWAY_ADMIN_KEY or GATEWAY_ADMIN_KEY_SHA256, not both")
         if self.edge.probe_port == self.port:
             raise ValueError("GATEWAY_EDGE__PROBE_PORT must differ from GATEWAY_PORT")
         return self

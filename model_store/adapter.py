@@ -26,6 +26,9 @@ from typing import Any
 from model_store.errors import StoreError, UsageError
 
 ADAPTER_CONFIG = "adapter_config.json"
+# An adapter's name where it is served: what clients send as `model`, and a metrics label value
+# (the worker's WORKER_LORA_ADAPTERS and the gateway's admin API both take these).
+ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 # vLLM serves LoRA adapters only (other PEFT methods: prefix tuning, IA3, ... are not LoRA).
 LORA_TYPE = "LORA"
 

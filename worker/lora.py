@@ -16,8 +16,8 @@ from pathlib import Path
 from model_store.adapter import AdapterInfo, adapter_info, same_base
 from model_store.errors import StoreError
 from model_store.marker import read_marker
-from worker.rules import model_and_revision
-from worker.settings import LORA_RANKS, SettingsError, WorkerSettings
+from worker.rules import LORA_RANKS, model_and_revision
+from worker.settings import SettingsError, WorkerSettings
 
 # Without adapters to size it, vLLM's own default.
 DEFAULT_RANK = 16

@@ -35,6 +35,9 @@ MAX_GROUP_NODES = 16
 DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
 # Half precision gave wrong greedy answers on the CPU with the demo model, so the CPU takes these.
 CPU_DTYPES = ("auto", "float32", "float")
+# vLLM's accepted --max-lora-rank values (vllm.config.lora.MaxLoRARanks): the worker's setting
+# and the chart's lora.maxLoraRank take these.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Directory names that are revisions, not models: a branch or a commit hash.
 _REVISION = re.compile(r"^(main|[0-9a-f]{7,40})$")
 

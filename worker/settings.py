@@ -25,7 +25,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from worker.rules import CPU_DTYPES, DTYPES, group_problem, model_and_revision
+from model_store import adapter
+from worker.rules import CPU_DTYPES, DTYPES, LORA_RANKS, group_problem, model_and_revision
 
 ENV_PREFIX = "WORKER_"
 
@@ -35,10 +36,8 @@ KNOWN_DTYPES = frozenset(DTYPES)
 # Marseillaise..." instead of "Paris"), so the worker refuses it rather than serve nonsense.
 CPU_UNSAFE_DTYPES = KNOWN_DTYPES - frozenset(CPU_DTYPES)
 
-# vLLM's accepted --max-lora-rank values (vllm.config.lora.MaxLoRARanks).
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # A LoRA adapter's name: what clients send as `model`, and a metrics label value.
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+ADAPTER_NAME = re.compile(adapter.ADAPTER_NAME)
 
 # LeaderWorkerSet injects these into every pod of a group; they are defaults for the multi-node
 # fields, never overrides of an explicit WORKER_* value.

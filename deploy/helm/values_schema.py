@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# worker/rules.py is standard-library only: importable without the worker's dependencies.
+# worker/rules.py and model_store/adapter.py are standard-library only: importable without the
+# packages' dependencies.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from model_store import adapter
 from worker import rules
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "llmserve" / "values.schema.json"
@@ -216,6 +218,29 @@ multinode = obj(
     },
     required=["nodes"],
 )
+# A pool's LoRA adapters (templates/_adapters.tpl); names as the worker and the admin API take
+# them, ranks as vLLM does.
+lora = obj(
+    {
+        "enabled": B,
+        "adapters": {
+            "type": "array",
+            "items": obj(
+                {
+                    "name": s(pattern=adapter.ADAPTER_NAME,
+                              description="what clients send as `model`"),
+                    "s3": s(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,62}/.+$"),
+                    "revision": PATHPART,
+                },
+                required=["name", "s3"],
+            ),
+        },
+        "maxLoras": {"type": ["integer", "null"], "minimum": 1},
+        "maxLoraRank": {"anyOf": [{"type": "null"}, {"enum": list(rules.LORA_RANKS)}]},
+        "runtimeUpdates": B,
+    },
+    description="LoRA adapters loaded by every replica of the pool (docs/lora.md)",
+)
 model_props = {
     "name": NAME,
     "model": PATHPART,
@@ -234,6 +259,7 @@ model_props = {
     "extraArgs": {"type": "array", "items": {"type": "string"}},
     # vLLM's sleep mode (CUDA and ROCm only; the chart refuses it with device=cpu).
     "sleepMode": B,
+    "lora": lora,
     **INFRA,
 }
 model = obj(model_props, required=["name", "model", "source"])
@@ -316,6 +342,13 @@ SCHEMA: dict[str, Any] = {
                     "propertyNames": {"pattern": "^GATEWAY_[A-Z0-9_]+$"},
                     "additionalProperties": {"type": ["string", "number", "boolean"]},
                 },
+                "adminKey": obj(
+                    {
+                        "existingSecret": s(),
+                        "secretKey": s(pattern=r"^[-._a-zA-Z0-9]+$"),
+                        "sha256": s(pattern="^([A-Fa-f0-9]{64})?$"),
+                    }
+                ),
                 "apiKeys": obj(
                     {
                         "enabled": B,

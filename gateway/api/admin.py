@@ -6,7 +6,8 @@
                                     or restarts later: routing/adapters.py)
     DELETE /admin/adapters/{name}   unload everywhere
 
-Installed only with GATEWAY_ADMIN_KEY; every /admin/ request must carry it as
+Installed only with GATEWAY_ADMIN_KEY (or its digest, GATEWAY_ADMIN_KEY_SHA256); every /admin/
+request must carry the key as
 `Authorization: Bearer <key>` (`AdminAuthMiddleware`). Outside /v1/ on purpose: tenants' API keys
 never open it, and the chart's Ingress, which routes /v1 only, does not expose it. The key is
 compared as SHA-256 digests with `hmac.compare_digest`: constant time, whatever the length of
@@ -51,9 +52,9 @@ class AdminAuthMiddleware:
     """Every /admin/ request carries the admin key, or gets a 401; the rest passes untouched.
     Nothing here logs: a wrong key must not end up in a log line."""
 
-    def __init__(self, app: ASGIApp, key: str) -> None:
+    def __init__(self, app: ASGIApp, digest: bytes) -> None:
         self.app = app
-        self._digest = hashlib.sha256(key.encode()).digest()
+        self._digest = digest
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):

@@ -156,6 +156,22 @@ MATRIX: dict[str, dict[str, Any]] = {
         "networkPolicy": {"gatewayFrom": [{"namespaceSelector": {
             "matchLabels": {"kubernetes.io/metadata.name": "apps"}}}]},
     },
+    # LoRA adapters (templates/_adapters.tpl): declared and fetched for one pool, runtime-only
+    # on another pool of the same model, and the admin API by the key's digest.
+    "lora-adapters": {
+        "gateway": {"adminKey": {"sha256": "B" * 64}},
+        "models": [
+            _pool("smol", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
+                  lora={"adapters": [{"name": "sql", "s3": "s3://models/adapters/sql/v1"},
+                                     {"name": "chat", "s3": "s3://models/adapters/chat/v3",
+                                      "revision": "r3"}]}),
+            _pool("smol-rt", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
+                  lora={"enabled": True, "maxLoraRank": 32, "runtimeUpdates": True}),
+            _pool("tp2", tensorParallelSize=2,
+                  lora={"adapters": [{"name": "sql-70b", "s3": "s3://models/adapters/sql/v1"}],
+                        "maxLoras": 4}),
+        ],
+    },
     "minio-with-its-credentials": {
         "minio": {"enabled": True},
         "models": [_pool("tp1", tensorParallelSize=1)],

@@ -4,6 +4,7 @@ RBAC, pod security and resources, and the wiring between Services, selectors and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,11 @@ def test_workers_wait_for_the_model_and_get_shared_memory(release: Release) -> N
     for pod in release.worker_pods():
         (init,) = pod.spec["initContainers"]
         assert init["name"] == "wait-for-model"
-        assert init["command"][-1] == env_of(pod.container("worker"))["WORKER_MODEL_PATH"]
+        # The model's directory, then each LoRA adapter's the worker loads.
+        env = env_of(pod.container("worker"))
+        adapters = json.loads(env.get("WORKER_LORA_ADAPTERS", "{}")).values()
+        assert init["command"][3] == env["WORKER_MODEL_PATH"]
+        assert sorted(init["command"][4:]) == sorted(adapters)
         shm = next(v for v in pod.spec["volumes"] if v["name"] == "dshm")
         assert shm["emptyDir"]["medium"] == "Memory"
         mounts = {m["mountPath"]: m["name"] for m in pod.container("worker")["volumeMounts"]}

@@ -364,8 +364,11 @@ def test_fetch_jobs_run_commands_the_model_store_cli_accepts(release: Release) -
         args = build_parser().parse_args(command[3:])  # exits (fails the test) on a bad command
         assert args.verb == command[3]
     for job in fetches:
-        # Both verbs take the model directory last: ROOT/<model>/<revision>.
+        # Both verbs take the directory last: ROOT/<model>/<revision>, or a LoRA adapter's
+        # ROOT/adapters/<name>/<revision>.
         dest = Path(job["spec"]["template"]["spec"]["containers"][0]["command"][-1])
         labels = job["metadata"]["labels"]
         mount = release.values.get("modelStorage", {}).get("mountPath", "/models")
-        assert dest == Path(mount, labels["llmserve.io/model"], labels["llmserve.io/revision"])
+        where = (("adapters", labels["llmserve.io/adapter"]) if "llmserve.io/adapter" in labels
+                 else (labels["llmserve.io/model"],))
+        assert dest == Path(mount, *where, labels["llmserve.io/revision"])

@@ -4,7 +4,7 @@ layout derived and checked. Returns YAML; callers do `include ... | fromYaml`.
   (dict "root" $ "pool" <entry of .Values.models> "index" <int>)
 
 Derived keys: resourceName, serving/multiNode flags, nodes (pods per group), gpusPerPod,
-modelDir, imageRef.
+modelDir, imageRef, lora (its LoRA adapters, normalised: _adapters.tpl).
 
 The layout rule (worker/rules.py, which the planner and the worker apply too): tensor parallel
 stays inside a node (it needs the intra-node interconnect), pipeline stages are what crosses
@@ -56,6 +56,7 @@ two long pool names never collide. */ -}}
 {{- end -}}
 {{- $_ := set $m "resourceName" $resourceName -}}
 {{- $_ := set $m "modelDir" (printf "%s/%s/%s" $root.Values.modelStorage.mountPath $m.model $m.revision) -}}
+{{- $_ := set $m "lora" (include "llmserve.lora" (dict "root" $root "m" $m) | fromYaml) -}}
 {{- $image := $m.image | default dict -}}
 {{- if not $image.repository -}}
 {{- $image = ternary $root.Values.image.workerGpu $root.Values.image.workerCpu (eq $m.device "gpu") -}}

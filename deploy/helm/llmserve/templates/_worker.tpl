@@ -71,6 +71,7 @@ interfaces, which on multi-homed nodes (host network, secondary CNIs) may not be
 - name: WORKER_SLEEP_MODE
   value: "true"
 {{- end }}
+{{- include "llmserve.lora.workerEnv" (dict "lora" $m.lora) }}
 {{- with $m.extraArgs }}
 - name: WORKER_EXTRA_ARGS
   value: {{ toJson . | quote }}
@@ -104,16 +105,17 @@ interfaces, which on multi-homed nodes (host network, secondary CNIs) may not be
 
 {{/*
 The init container's wait: the marker format belongs to model_store.marker, so the wait uses it
-rather than testing for a file name.
+rather than testing for a file name. The model's directory, then each LoRA adapter's.
 */}}
 {{- define "llmserve.worker.markerWaitScript" -}}
 import sys, time
 from model_store.marker import is_complete, marker_path
-model_dir, started = sys.argv[1], time.monotonic()
-while not is_complete(model_dir):
-    print(f"waiting for {marker_path(model_dir)} ({time.monotonic() - started:.0f}s)", flush=True)
-    time.sleep(5)
-print(f"model complete: {model_dir}", flush=True)
+started = time.monotonic()
+for model_dir in sys.argv[1:]:
+    while not is_complete(model_dir):
+        print(f"waiting for {marker_path(model_dir)} ({time.monotonic() - started:.0f}s)", flush=True)
+        time.sleep(5)
+    print(f"model complete: {model_dir}", flush=True)
 {{- end -}}
 
 {{- define "llmserve.worker.podSpec" -}}
@@ -145,6 +147,9 @@ initContainers:
       - -c
       - {{ include "llmserve.worker.markerWaitScript" $root | quote }}
       - {{ $m.modelDir | quote }}
+      {{- range $m.lora.adapters }}
+      - {{ .dir | quote }}
+      {{- end }}
     securityContext:
       {{- include "llmserve.deepMerge" (dict "base" $root.Values.containerSecurityContext "over" ($m.containerSecurityContext | default dict)) | nindent 6 }}
     resources:

@@ -3,7 +3,7 @@ GATEWAY_* settings the chart manages; gateway.env may not set these (a second va
 setting would silently win or lose depending on order).
 */}}
 {{- define "llmserve.gateway.managedEnv" -}}
-GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS GATEWAY_POOLS
+GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS GATEWAY_POOLS GATEWAY_ADMIN_KEY GATEWAY_ADMIN_KEY_SHA256 GATEWAY_LORA__MAX_LORAS
 {{- end -}}
 
 {{/*
@@ -86,6 +86,26 @@ and holds its requests up to the wake budget while a replica starts (docs/autosc
 - name: GATEWAY_FLOW__LIMITS_REDIS_FAIL
   value: {{ $shared.fail | quote }}
 {{- end }}
+{{- end }}
+{{- /* LoRA adapters (_adapters.tpl): each served model's --max-loras, for residency routing;
+the admin API's key (adding adapters at run time) from a Secret, or only its digest. */}}
+{{- $maxLoras := include "llmserve.lora.gatewayMaxLoras" . }}
+{{- if ne $maxLoras "{}" }}
+- name: GATEWAY_LORA__MAX_LORAS
+  value: {{ $maxLoras | quote }}
+{{- end }}
+{{- $admin := $g.adminKey }}
+{{- if and $admin.existingSecret $admin.sha256 }}
+{{- fail "gateway.adminKey: set existingSecret or sha256, not both" }}
+{{- else if $admin.existingSecret }}
+- name: GATEWAY_ADMIN_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $admin.existingSecret }}
+      key: {{ $admin.secretKey }}
+{{- else if $admin.sha256 }}
+- name: GATEWAY_ADMIN_KEY_SHA256
+  value: {{ $admin.sha256 | lower | quote }}
 {{- end }}
 {{- $managed := splitList " " (include "llmserve.gateway.managedEnv" .) }}
 {{- range $name, $value := $g.env }}
