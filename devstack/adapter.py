@@ -6,7 +6,8 @@ benchmark: a PEFT directory (adapter_config.json + adapter_model.safetensors) fo
 (`init_lora_weights=False`) gives non-zero weights, yet too small to move a greedy answer: the
 demo model still answered "The capital of France is Paris." through such an adapter. Its lora_B
 matrices are scaled (`--scale`, 30 by default), which makes the adapter answer differently from
-the base model at temperature 0, and each seed differently from the others.
+the base model at temperature 0, and each seed differently from the others. The directory gets
+its completion marker last (base: the model directory's name), as `model_store pull` leaves one.
 
 Needs `peft` (the dev extra) beside torch and transformers; runs on the CPU in seconds.
 """
@@ -17,6 +18,9 @@ import sys
 from pathlib import Path
 
 from devstack.cli import EXIT_FAILED, PROG, Parser, error_line
+from model_store.adapter import AdapterInfo
+from model_store.hashing import manifest_of
+from model_store.marker import write_marker
 
 
 class AdapterError(RuntimeError):
@@ -46,6 +50,10 @@ def make_demo_adapter(model_dir: Path, dest: Path, *, seed: int = 0, scale: floa
                 param.mul_(scale)
     dest.mkdir(parents=True, exist_ok=True)
     peft_model.save_pretrained(dest)
+    # Complete as a pull leaves it (the marker last, with its base and rank), so a worker loads
+    # it from here as it is; a push leaves the marker out.
+    write_marker(dest, source=f"devstack demo-adapter --seed {seed} --scale {scale:g}",
+                 files=manifest_of(dest), adapter=AdapterInfo(model_dir.name, rank))
     return dest
 
 
