@@ -3,7 +3,8 @@
 Written out, not generated: the completion endpoints are raw ASGI (app.FastLane), invisible to
 FastAPI. It states what the gateway checks (api/schemas.py) and every status it can answer, each
 error in OpenAI's shape; other fields are the engine's to validate. tests/gateway/api/
-test_openapi.py holds the gateway to it with schemathesis.
+test_openapi.py holds the gateway to it with schemathesis. The admin API (/admin/, api/admin.py;
+docs/lora.md) is the operators', installed only with an admin key, and not in this document.
 """
 
 from __future__ import annotations

@@ -83,6 +83,14 @@ def test_no_admin_key_no_admin_api(replicas: tuple[LoraReplica, ...]) -> None:
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
+def test_the_key_by_its_digest(replicas: tuple[LoraReplica, ...]) -> None:
+    with run_gateway(backends=[r.url for r in replicas],
+                     admin_key_sha256=hash_key(KEY).upper()) as gw:
+        assert httpx.get(gw.url + "/admin/adapters", headers=AUTH).status_code == 200
+        wrong = {"authorization": "Bearer " + hash_key(KEY)}  # the digest is not the key
+        assert httpx.get(gw.url + "/admin/adapters", headers=wrong).status_code == 401
+
+
 # --- adapters declared by the pool --------------------------------------------------------------
 
 
