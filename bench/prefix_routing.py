@@ -216,11 +216,7 @@ def adapter_round(policy: str, url: str, stack: LocalStack, names: list[str],
     print(f"  adapters {policy:18s} TTFT p50 {pct(ts, 0.5) * 1e3:6.0f} ms  p99 "
           f"{pct(ts, 0.99) * 1e3:6.0f} ms  wall {res.wall:6.1f} s  errors {res.errors}",
           flush=True)
-    c1 = residency_counters(url)
-    delta = {k: v - c0.get(k, 0.0) for k, v in c1.items() if v - c0.get(k, 0.0)}
-    if delta:
-        print("    residency: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(delta.items())),
-              flush=True)
+    print_delta("residency", c0, residency_counters(url))
     return res
 
 
@@ -310,12 +306,16 @@ def one_round(kind: str, policy: str, url: str, stack: LocalStack, model: str,
     print(f"  {kind:8s} {policy:18s} TTFT p50 {pct(ts, 0.5) * 1e3:6.0f} ms  p90 "
           f"{pct(ts, 0.9) * 1e3:6.0f} ms  wall {res.wall:6.1f} s  cache hits "
           f"{res.hit_rate:5.1%}  errors {res.errors}", flush=True)
-    a1 = affinity_counters(url)
-    delta = {k: v - a0.get(k, 0.0) for k, v in a1.items() if v - a0.get(k, 0.0)}
-    if delta:
-        print("    affinity: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(delta.items())),
-              flush=True)
+    print_delta("affinity", a0, affinity_counters(url))
     return res
+
+
+def print_delta(what: str, before: dict[str, float], after: dict[str, float]) -> None:
+    """A gateway's counters over one round, those that moved."""
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
+    if delta:
+        print(f"    {what}: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(delta.items())),
+              flush=True)
 
 
 def pct(xs: list[float], q: float) -> float:

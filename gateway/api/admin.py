@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.api.auth import bearer_token
 from gateway.errors import (
     AuthenticationFailed,
     InvalidRequest,
@@ -60,13 +61,7 @@ class AdminAuthMiddleware:
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
             await self.app(scope, receive, send)
             return
-        token: bytes | None = None
-        for k, v in scope["headers"]:
-            if k == b"authorization":
-                scheme, _, rest = v.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    token = rest.strip()
-                break
+        token = bearer_token(scope)
         if not token:
             await send_error(send, _MISSING, _WWW)
             return

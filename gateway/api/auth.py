@@ -18,6 +18,17 @@ _INVALID = AuthenticationFailed("Incorrect API key provided.")
 _WWW = [(b"www-authenticate", b'Bearer realm="llmserve"')]
 
 
+def bearer_token(scope: Scope) -> bytes | None:
+    """The token of the request's `Authorization: Bearer <token>` header, or None."""
+    for k, v in scope["headers"]:
+        if k == b"authorization":
+            scheme, _, rest = v.partition(b" ")
+            if scheme.lower() != b"bearer":
+                return None
+            return rest.strip() or None
+    return None
+
+
 class AuthMiddleware:
     def __init__(self, app: ASGIApp, keys: KeyStore) -> None:
         self.app = app
@@ -27,13 +38,7 @@ class AuthMiddleware:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             await self.app(scope, receive, send)
             return
-        token: bytes | None = None
-        for k, v in scope["headers"]:
-            if k == b"authorization":
-                scheme, _, rest = v.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    token = rest.strip()
-                break
+        token = bearer_token(scope)
         if not token:
             await send_error(send, _MISSING, _WWW)
             return

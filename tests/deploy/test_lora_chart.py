@@ -5,16 +5,14 @@ flags the values ask for, and the gateway told each model's --max-loras and the 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import helm_python
 import pytest
 
-from gateway.settings import GatewaySettings
 from tests.deploy.conftest import RenderCase
 from tests.deploy.manifests import Release, env_of, render
-from tests.deploy.test_worker_argv import HOST, flags, settings_from
+from tests.deploy.test_worker_argv import HOST, flags, gateway_settings, settings_from
 from worker.argv import RUNTIME_LORA_ENV, build_command
 
 pytestmark = pytest.mark.helm
@@ -85,15 +83,7 @@ def test_workers_wait_for_and_load_their_adapters(
 def test_the_gateway_knows_each_models_slots_and_the_admin_key(
     rel: Release, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gateway = next(p for p in rel.pods() if p.role == "gateway")
-    env = env_of(gateway.container("gateway"))
-    with monkeypatch.context() as m:
-        for name in list(os.environ):
-            if name.startswith("GATEWAY_"):
-                m.delenv(name)
-        for name, value in env.items():
-            m.setenv(name, value)
-        settings = GatewaySettings()
+    settings = gateway_settings(rel, monkeypatch)
     # SmolLM2 is served by a pool with 2 adapters and a runtime-only pool (1): the smaller.
     assert settings.lora.max_loras == {"SmolLM2": 1, "demo-model": 4}
     assert settings.admin_digest == bytes.fromhex("b" * 64) and settings.admin_key is None

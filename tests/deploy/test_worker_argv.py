@@ -163,9 +163,8 @@ def test_worker_cli_prints_the_same_command_for_a_rendered_follower(render_case:
     assert got["--tensor-parallel-size"] == "8" and got["--pipeline-parallel-size"] == "2"
 
 
-def test_rendered_gateway_env_is_valid_gateway_settings(
-    release: Release, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def gateway_settings(release: Release, monkeypatch: pytest.MonkeyPatch) -> GatewaySettings:
+    """GatewaySettings from the env the chart renders for the gateway, and nothing else."""
     gateway = next(p for p in release.pods() if p.role == "gateway")
     env = env_of(gateway.container("gateway"))
     with monkeypatch.context() as m:
@@ -174,7 +173,14 @@ def test_rendered_gateway_env_is_valid_gateway_settings(
                 m.delenv(name)
         for name, value in env.items():
             m.setenv(name, value)
-        settings = GatewaySettings()
+        return GatewaySettings()
+
+
+def test_rendered_gateway_env_is_valid_gateway_settings(
+    release: Release, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway = next(p for p in release.pods() if p.role == "gateway")
+    settings = gateway_settings(release, monkeypatch)
     http, probes = gateway.container("gateway")["ports"]
     assert settings.port == http["containerPort"]
     assert settings.edge.probe_port == probes["containerPort"]

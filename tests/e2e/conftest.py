@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,9 +31,17 @@ def stack(s3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         gateway_args=["--health-interval-s", "0.5", "--eject-for-s", "3",
                       "--timeouts.first-byte-s", "120"],
     )
+    yield from running(s)
+
+
+def running(s: LocalStack) -> Iterator[LocalStack]:
+    """A stack fixture's body: workers, then the gateway, up; their logs' tails if one fails;
+    everything stopped at the end."""
     try:
+        t0 = time.monotonic()
         s.start_workers()
         s.wait_workers(timeout_s=float(os.environ.get("LLMSERVE_ENGINE_START_TIMEOUT_S", "900")))
+        print(f"\nworkers up in {time.monotonic() - t0:.0f} s", flush=True)
         s.start_gateway()
         s.wait_gateway(timeout_s=60)
     except BaseException:

@@ -23,7 +23,7 @@ from openai import OpenAI
 from devstack.stack import LocalStack
 from model_store.marker import read_marker
 from tests.conftest import REPO, S3Env
-from tests.e2e.conftest import scrape
+from tests.e2e.conftest import running, scrape
 from tests.ports import free_port, free_port_pair
 
 pytestmark = pytest.mark.engine
@@ -81,20 +81,7 @@ def lora_stack(s3_model_dir: Path, adapter_dirs: dict[str, Path],
                       "--lora.max-loras", json.dumps({base: 2}),
                       "--timeouts.first-byte-s", "120"],
     )
-    try:
-        t0 = time.monotonic()
-        s.start_workers()
-        s.wait_workers(timeout_s=900)
-        print(f"\nLoRA workers up in {time.monotonic() - t0:.0f} s", flush=True)
-        s.start_gateway()
-        s.wait_gateway(timeout_s=60)
-    except BaseException:
-        s.stop()
-        for p in s.all_procs():
-            print(f"--- {p.name} ---\n{p.tail(60)}")
-        raise
-    yield s
-    s.stop()
+    yield from running(s)
 
 
 def ask(url: str, model: str) -> str:
