@@ -13,6 +13,7 @@ split one tick's worth between them. `cpu_busy` is something else: how busy a wh
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import socket
 import subprocess
@@ -30,10 +31,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out on its own (ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_pair() -> int:
-    """A port P such that P and P+1 are both free now (for servers numbered from a base)."""
+    """A port P such that P and P+1 are both free now (for servers numbered from a base).
+
+    Taken below the kernel's ephemeral range: Linux gives bind(0) odd ports there and outgoing
+    connections the even ones, one after another, so P+1 of a pair made from bind(0) is the kind
+    of port the next health poll takes as its source port. A vLLM worker binds its port tens of
+    seconds after it was chosen, and the second of two failed with "Address already in use"."""
+    top = _ephemeral_low()
+    rng = random.Random()
     while True:
-        base = free_port()
+        base = rng.randrange(max(1024, top - 12_000), top - 1)
         try:
             with socket.socket() as a, socket.socket() as b:
                 a.bind(("127.0.0.1", base))
