@@ -332,12 +332,7 @@ class Adapters:
         try:
             async with asyncio.timeout(self._settings.load_timeout_s):
                 resp = await self._transport.post(url, body, headers, streaming=False)
-                try:
-                    raw = await resp.read()
-                except BaseException:
-                    resp.close()
-                    raise
-                resp.release()
+                raw = await resp.read()
         except TimeoutError:
             return 0, f"no answer within {self._settings.load_timeout_s:g} s"
         except GatewayError as exc:

@@ -230,8 +230,13 @@ class H1Response:
 
     async def read(self) -> bytes:
         parts = []
-        while chunk := await self._conn.readany():
-            parts.append(chunk)
+        try:
+            while chunk := await self._conn.readany():
+                parts.append(chunk)
+        except BaseException:
+            self.close()
+            raise
+        self.release()
         return b"".join(parts)
 
     def close(self) -> None:
@@ -397,9 +402,7 @@ class H1Transport:
         try:
             body = await resp.read()
         except (UpstreamFailed, UpstreamTimeout) as exc:
-            resp.close()
             raise UpstreamFailed(f"GET {url}: {exc.message}") from None
-        resp.release()
         return resp.status, body
 
     async def close(self) -> None:
