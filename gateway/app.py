@@ -89,7 +89,7 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     metrics.routing.view = router.routing_stats
     metrics.parent_of = adapters.parent_of
     metrics.adapters.view = AdapterView(
-        adapters.served, (lambda: residency.stats.counts) if residency else dict,
+        adapters.served, (lambda: residency.counts) if residency else dict,
         lambda: adapters.loads)
     # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
     keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
