@@ -53,12 +53,6 @@ class Router:
         standby: Collection[str] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if (health_interval_s <= 0 or eject_after_failures < 1 or eject_for_s < 0
-                or not 0 <= max_ejection_percent <= 100):
-            raise ValueError(
-                "Router: health_interval_s must be > 0, eject_after_failures >= 1, "
-                "eject_for_s >= 0, 0 <= max_ejection_percent <= 100"
-            )
         self._discovery = discovery
         self._prober = prober
         self._policy = policy
@@ -73,9 +67,7 @@ class Router:
         self.retry_budget = retry_budget or RetryBudget(clock=clock)
         self._backends: dict[str, Backend] = {}
         # model -> (backends that serve it, the RouteRequest for it, its policy); rebuilt off the
-        # hot path, read per request. Tuples: `pick` may hand a pool to the policy as is. The
-        # request is cached because building a frozen dataclass per request costs as much as the
-        # rest of a pick (affinity policies get one per request from the caller instead).
+        # hot path, read per request (affinity policies get a RouteRequest per request instead).
         self._pools: dict[str, tuple[tuple[Backend, ...], RouteRequest, RoutingPolicy]] = {}
         self.panics: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
