@@ -36,7 +36,7 @@ from gateway.transport.prober import HttpProber
 log = logging.getLogger("gateway")
 
 
-async def every(period_s: float, step: Callable[[], Awaitable[None]], what: str) -> None:
+async def every(period_s: float, step: Callable[[], Awaitable[object]], what: str) -> None:
     """Run `step` every `period_s` until cancelled; a failure (a bug) is logged, not fatal."""
     while True:
         try:
@@ -89,7 +89,7 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     metrics.routing.view = router.routing_stats
     metrics.parent_of = adapters.parent_of
     metrics.adapters.view = AdapterView(
-        adapters.served, (lambda: residency.stats.counts) if residency else dict,
+        adapters.served, (lambda: residency.counts) if residency else dict,
         lambda: adapters.loads)
     # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
     keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
@@ -102,14 +102,11 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     state = ProxyDeps(settings, router, transport, metrics, admission, wake=wake,
                       parent_of=adapters.parent_of)
 
-    async def reconcile_adapters() -> None:
-        await adapters.reconcile()
-
     # Off the request path: adapters added at run time follow replicas that restart or join;
     # admission watches the replicas' count (each pool's ceiling follows it) and the engines'
     # queues.
-    watches: list[tuple[float, Callable[[], Awaitable[None]], str]] = [
-        (settings.health_interval_s, reconcile_adapters, "adapter reconcile")]
+    watches: list[tuple[float, Callable[[], Awaitable[object]], str]] = [
+        (settings.health_interval_s, adapters.reconcile, "adapter reconcile")]
     if admission is not None:
         async def follow_replicas() -> None:
             admission.set_replicas(router.replicas())

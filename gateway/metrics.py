@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.loop_metrics import (
@@ -45,94 +46,31 @@ _QUEUE_BUCKETS = (
 _BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 _BATCH_DELAY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 
-# (pool, queue depth, concurrency limit, its ceiling, admitted in flight), read at scrape time only.
-PoolView = Callable[[], Iterable[tuple[str, int, int, int, int]]]
+class _Scraped(Collector):
+    """Families built from `view` when Prometheus scrapes: nothing on the request path."""
 
-
-class _PoolCollector(Collector):
-    """Pool gauges computed when Prometheus scrapes: no gauge update on the request path."""
-
-    def __init__(self) -> None:
-        self.view: PoolView | None = None
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        depth = GaugeMetricFamily("llmserve_queue_depth", "Requests waiting in the gateway "
-                                  "queue of a pool", labels=["pool"])
-        limit = GaugeMetricFamily("llmserve_concurrency_limit", "Current adaptive concurrency "
-                                  "limit of a pool", labels=["pool"])
-        ceiling = GaugeMetricFamily("llmserve_concurrency_limit_ceiling", "Highest the adaptive "
-                                    "limit of a pool may grow: max_limit per available replica",
-                                    labels=["pool"])
-        admitted = GaugeMetricFamily("llmserve_admitted_in_flight", "Admitted requests in "
-                                     "flight per pool", labels=["pool"])
-        for pool, d, lim, top, n in (self.view() if self.view is not None else ()):
-            depth.add_metric([pool], d)
-            limit.add_metric([pool], lim)
-            ceiling.add_metric([pool], top)
-            admitted.add_metric([pool], n)
-        yield depth
-        yield limit
-        yield ceiling
-        yield admitted
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
+    def describe(self) -> Iterator[Metric]:
         return iter(())
 
 
-# (pool, demand, ready replicas), read at scrape time only (gateway/flow/demand.py).
-DemandView = Callable[[], Iterable[tuple[str, int, int]]]
+class _Table(_Scraped):
+    """One gauge per column of the rows `view` returns: (label value, *column values)."""
 
-
-class _DemandCollector(Collector):
-    """The scaling signal per pool, meant for autoscalers (KEDA, an HPA's external metric)."""
-
-    def __init__(self) -> None:
-        self.view: DemandView | None = None
+    def __init__(self, label: str, columns: list[tuple[str, str]]) -> None:
+        self._label = label
+        self._columns = columns
+        self.view: Callable[[], Iterable[tuple[Any, ...]]] | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        demand = GaugeMetricFamily(
-            "llmserve_pool_demand", "Requests a pool is asked to carry now: waiting for a "
-            "replica of a pool at zero, waiting in the admission queue, and in flight (the "
-            "autoscaling signal; sum it over gateway replicas)", labels=["pool"])
-        ready = GaugeMetricFamily("llmserve_pool_ready_replicas", "Replicas of a pool the "
-                                  "gateway routes to now (demand / this = load per replica)",
-                                  labels=["pool"])
-        for pool, d, n in (self.view() if self.view is not None else ()):
-            demand.add_metric([pool], d)
-            ready.add_metric([pool], n)
-        yield demand
-        yield ready
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
+        families = [GaugeMetricFamily(name, doc, labels=[self._label])
+                    for name, doc in self._columns]
+        for key, *values in (self.view() if self.view is not None else ()):
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([key], float(value))
+        yield from families
 
 
-# (backend URL, available for routing, requests in flight), read at scrape time only.
-BackendView = Callable[[], Iterable[tuple[str, bool, int]]]
-
-
-class _BackendCollector(Collector):
-    """Per-backend gauges from the router's own state when Prometheus scrapes."""
-
-    def __init__(self) -> None:
-        self.view: BackendView | None = None
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        up = GaugeMetricFamily("llmserve_backend_up", "1 if the backend is available for routing",
-                               labels=["backend"])
-        outstanding = GaugeMetricFamily("llmserve_backend_outstanding_requests",
-                                        "Requests in flight per backend", labels=["backend"])
-        for url, ok, n in (self.view() if self.view is not None else ()):
-            up.add_metric([url], 1.0 if ok else 0.0)
-            outstanding.add_metric([url], n)
-        yield up
-        yield outstanding
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
-
-
-class _UpstreamConnCollector(Collector):
+class _UpstreamConnCollector(_Scraped):
     """Upstream connections opened, from the transport's own count when Prometheus scrapes."""
 
     def __init__(self) -> None:
@@ -145,16 +83,13 @@ class _UpstreamConnCollector(Collector):
                 "TCP connections the gateway opened to backends (requests and probes); with "
                 "keep-alive working, near zero per 1,000 requests", value=self.view())
 
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        return iter(())
-
 
 # (pool, hits, misses, fallbacks by reason, keys moved, learned entries, panics) per model pool,
 # from the routing policies' plain counters at scrape time.
 RoutingView = Callable[[], Iterable[tuple[str, int, int, dict[str, int], int, int, int]]]
 
 
-class _RoutingCollector(Collector):
+class _RoutingCollector(_Scraped):
     """Affinity routing and panic counters, read from the router when Prometheus scrapes."""
 
     def __init__(self) -> None:
@@ -190,9 +125,6 @@ class _RoutingCollector(Collector):
             panics.add_metric([pool], p)
         yield from (hits, misses, fallbacks, moved, entries, panics)
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
-
 
 @dataclass(frozen=True)
 class AdapterView:
@@ -205,7 +137,7 @@ class AdapterView:
     loads: Callable[[], dict[str, int]]
 
 
-class _AdapterCollector(Collector):
+class _AdapterCollector(_Scraped):
     def __init__(self) -> None:
         self.view: AdapterView | None = None
 
@@ -233,9 +165,6 @@ class _AdapterCollector(Collector):
             for outcome, n in v.loads().items():
                 loads.add_metric([outcome], n)
         yield from (info, residency, loads)
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
 
 
 _E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -367,7 +296,11 @@ class GatewayMetrics:
             "Retries not attempted because the retry budget (GATEWAY_RETRY_BUDGET) was spent",
             ["model"], registry=r,
         )
-        self.backends = _BackendCollector()
+        # (backend URL, available for routing, requests in flight)
+        self.backends = _Table("backend", [
+            ("llmserve_backend_up", "1 if the backend is available for routing"),
+            ("llmserve_backend_outstanding_requests", "Requests in flight per backend"),
+        ])
         r.register(self.backends)
         self.upstream_connections = _UpstreamConnCollector()
         r.register(self.upstream_connections)
@@ -389,9 +322,25 @@ class GatewayMetrics:
         )
 
         # -- flow control (gateway/flow) ---------------------------------------------------------
-        self.pools = _PoolCollector()
+        # (pool, queue depth, concurrency limit, its ceiling, admitted in flight)
+        self.pools = _Table("pool", [
+            ("llmserve_queue_depth", "Requests waiting in the gateway queue of a pool"),
+            ("llmserve_concurrency_limit", "Current adaptive concurrency limit of a pool"),
+            ("llmserve_concurrency_limit_ceiling", ("Highest the adaptive limit of a pool may "
+                                                    "grow: max_limit per available replica")),
+            ("llmserve_admitted_in_flight", "Admitted requests in flight per pool"),
+        ])
         r.register(self.pools)
-        self.demand = _DemandCollector()
+        # (pool, demand, ready replicas): the scaling signal, meant for autoscalers (KEDA, an
+        # HPA's external metric), from gateway/flow/demand.py.
+        self.demand = _Table("pool", [
+            ("llmserve_pool_demand", (
+                "Requests a pool is asked to carry now: waiting for a replica of a pool at zero, "
+                "waiting in the admission queue, and in flight (the autoscaling signal; sum it "
+                "over gateway replicas)")),
+            ("llmserve_pool_ready_replicas", ("Replicas of a pool the gateway routes to now "
+                                              "(demand / this = load per replica)")),
+        ])
         r.register(self.demand)
         self.queue_time = LoopHistogram(
             "llmserve_queue_time_seconds",

@@ -67,11 +67,9 @@ def run(settings: GatewaySettings) -> None:
         backlog=4096,
         proxy_headers=False,  # nothing here uses the client address
     )
-    # Requests make no reference cycles (tests/gateway/test_server.py), but older-generation
-    # collections would walk every start-up object (docs/benchmarks.md, where the CPU goes):
-    # freeze those, and collect young rarely. A cycle per request would break this quietly: caught
-    # in flight by a young collection, it waits in the old generations for a full collection, one
-    # per 21 middle ones (each after 21 young ones), and the process grows in between.
+    # Requests make no reference cycles (tests/gateway/test_server.py), so the start-up objects
+    # are frozen out of the older collections and young ones run rarely; a cycle per request
+    # would make the process grow between full collections.
     gc.freeze()
     gc.set_threshold(_GC_GEN0, 20, 20)
     server = _DrainingServer(config, state, edge)

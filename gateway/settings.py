@@ -140,8 +140,6 @@ class EdgeSettings(BaseModel):
     probe_port: int | None = Field(
         None, ge=1, le=65535,
         description="separate listener for /health, /ready and /metrics (unset: none)")
-    log_interval_s: float = Field(
-        10.0, gt=0, description="at most one log line per kind of edge event this often")
 
 
 class PoolLayout(BaseModel):

@@ -2,39 +2,32 @@
 
     GET    /admin/adapters          the adapter set, and which replicas list each adapter
     POST   /admin/adapters          {"name": ..., "base": ..., "path": ...}: load on every
-                                    available replica of `base` (and on every replica that joins
-                                    or restarts later: routing/adapters.py)
+                                    available replica of `base` (and on those that join later)
     DELETE /admin/adapters/{name}   unload everywhere
 
-Installed only with GATEWAY_ADMIN_KEY (or its digest, GATEWAY_ADMIN_KEY_SHA256); every /admin/
-request must carry the key as
-`Authorization: Bearer <key>` (`AdminAuthMiddleware`). Outside /v1/ on purpose: tenants' API keys
-never open it, and the chart's Ingress, which routes /v1 only, does not expose it. The key is
-compared as SHA-256 digests with `hmac.compare_digest`: constant time, whatever the length of
-what was presented. Errors in OpenAI's shape: 401 `invalid_api_key`, 400 `invalid_request_error`
-naming the field, 404 `model_not_found` for an unknown base or adapter.
+Installed only with GATEWAY_ADMIN_KEY (or GATEWAY_ADMIN_KEY_SHA256), and every /admin/ request
+carries it as `Authorization: Bearer <key>`. Outside /v1/ on purpose: tenants' API keys never open
+it, and the chart's Ingress, which routes /v1 only, does not expose it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 from pathlib import PurePosixPath
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-from gateway.api.auth import bearer_token
+from gateway.api.auth import AuthMiddleware
 from gateway.errors import (
     AuthenticationFailed,
     InvalidRequest,
     ModelNotFound,
     Unavailable,
-    send_error,
 )
+from gateway.flow.keys import ApiKey, KeyStore
 from gateway.routing.adapters import Adapters, LoadResult
 from gateway.routing.router import Router
 from model_store.adapter import ADAPTER_NAME
@@ -49,26 +42,16 @@ _INVALID = AuthenticationFailed("Incorrect admin key provided.")
 _WWW = [(b"www-authenticate", b'Bearer realm="llmserve-admin"')]
 
 
-class AdminAuthMiddleware:
-    """Every /admin/ request carries the admin key, or gets a 401; the rest passes untouched.
-    Nothing here logs: a wrong key must not end up in a log line."""
+class AdminAuthMiddleware(AuthMiddleware):
+    """Every /admin/ request carries the admin key (its SHA-256 is `digest`), or gets a 401."""
+
+    prefix = PREFIX
+    missing = _MISSING
+    invalid = _INVALID
+    www = _WWW
 
     def __init__(self, app: ASGIApp, digest: bytes) -> None:
-        self.app = app
-        self._digest = digest
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
-            await self.app(scope, receive, send)
-            return
-        token = bearer_token(scope)
-        if not token:
-            await send_error(send, _MISSING, _WWW)
-            return
-        if not hmac.compare_digest(hashlib.sha256(token).digest(), self._digest):
-            await send_error(send, _INVALID, _WWW)
-            return
-        await self.app(scope, receive, send)
+        super().__init__(app, KeyStore([ApiKey("admin", digest)]))
 
 
 class AddAdapter(BaseModel):

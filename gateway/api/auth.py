@@ -7,6 +7,8 @@ Nothing here logs: a rejected key must not end up in a log line.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import AuthenticationFailed, send_error
@@ -30,21 +32,26 @@ def bearer_token(scope: Scope) -> bytes | None:
 
 
 class AuthMiddleware:
+    prefix: ClassVar[str] = "/v1/"
+    missing: ClassVar[AuthenticationFailed] = _MISSING
+    invalid: ClassVar[AuthenticationFailed] = _INVALID
+    www: ClassVar[list[tuple[bytes, bytes]]] = _WWW
+
     def __init__(self, app: ASGIApp, keys: KeyStore) -> None:
         self.app = app
         self._keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
             await self.app(scope, receive, send)
             return
         token = bearer_token(scope)
         if not token:
-            await send_error(send, _MISSING, _WWW)
+            await send_error(send, self.missing, self.www)
             return
         key = self._keys.lookup(token)
         if key is None:
-            await send_error(send, _INVALID, _WWW)
+            await send_error(send, self.invalid, self.www)
             return
         scope.setdefault("state", {})["api_key"] = key
         await self.app(scope, receive, send)

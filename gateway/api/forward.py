@@ -81,7 +81,6 @@ class Forwarder:
         try:
             if resp.status != 200:
                 body = await resp.read()
-                resp.release()
                 check_answer(d, backend, resp.status, body)
                 d.router.report_success(backend)
                 await send_body(send, resp.status,

@@ -120,12 +120,7 @@ def make_upstream_call(d: ProxyDeps, path: str) -> UpstreamCall:
     async def call(model: str, body: bytes) -> tuple[int, bytes, str]:
         async def attempt(backend: Backend) -> tuple[int, bytes, str]:
             resp = await d.transport.post(backend.url + path, body, headers, streaming=False)
-            try:
-                raw = await resp.read()
-            except BaseException:
-                resp.close()
-                raise
-            resp.release()
+            raw = await resp.read()
             check_answer(d, backend, resp.status, raw)
             d.router.report_success(backend)
             return resp.status, raw, backend.url

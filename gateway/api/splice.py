@@ -1,16 +1,11 @@
 """The streamed relay's per-event step, run from the upstream transport's read callback.
 
-At a real decode pace every SSE event arrives alone, so whatever the relay does per chunk is paid
-~65 times per request. The upstream transport hands each read's body to a `Splice` from its read
-callback (`UpstreamResponse.push`); the proxy's task sleeps until the stream ends, the client's
-buffer fills, or the splice holds something for the task to send.
-
+At a real decode pace every SSE event arrives alone, so the per-chunk work is paid once per token.
+The transport hands each read's body to a `Splice` (`UpstreamResponse.push`); the proxy's task
+sleeps until the stream ends, the client's buffer fills, or the splice holds something to send.
 Where the server offers a `ClientWriter` in `scope["state"]` (the gateway's edge protocol), the
-splice frames each chunk and writes it to the client's connection itself: one Python call and one
-`write` per event, no future, task wake-up or ASGI `send`. The response head, the first events, the final
-event and any in-band error always go through ASGI `send`, so the server's own bookkeeping
-(response started, keep-alive, completion) stays whole. Without a writer the splice hands each
-chunk back to the task, which sends it through ASGI.
+splice writes each chunk, framed, to the client's connection itself; the head, the first and last
+events and any in-band error go through ASGI `send`, so the server's bookkeeping stays whole.
 """
 
 from __future__ import annotations
@@ -25,54 +20,37 @@ from gateway.api.sse import DONE_EVENT, EVENT_END, USAGE_KEY, Usage
 WRITER_KEY = "llmserve.client_writer"
 
 
-class WriteFlow(Protocol):
-    """The server's write-side flow control for one connection."""
+class ClientWriter(Protocol):
+    """What a server offers for direct writes of a chunked response's body, whose head and end go
+    through ASGI `send` (gateway/edge/writer.py): the connection's transport, its write flow
+    control, and a hook for a hang-up."""
 
+    transport: asyncio.WriteTransport
     write_paused: bool
+    # Called by the server when the client's connection drops (set by the proxy per request).
+    lost: Callable[[], None] | None
 
     def drain(self) -> Awaitable[None]:
         """Until the client's socket buffer has room again (or the client is gone)."""
         ...
 
 
-class ClientWriter(Protocol):
-    """What a server offers for direct writes of a response's body (gateway/edge/writer.py): the
-    connection's transport (asyncio's `pause_writing`/`resume_writing` make `flow`), and a hook
-    for a hang-up.
-
-    The relay writes only chunks of a chunked response whose head went through ASGI `send`, and
-    ends it through `send` too."""
-
-    transport: asyncio.WriteTransport
-    flow: WriteFlow
-    # Called by the server when the client's connection drops (set by the proxy per request).
-    lost: Callable[[], None] | None
-
-
 class Splice:
-    """The streamed relay's per-event step: `feed` is the sink the upstream transport calls with
-    each read's body (transport.base.BodySink).
+    """`feed` is the sink the upstream transport calls with each read's body.
 
-    Chunks are forwarded as they arrive (several events may share one chunk under load; that is a
-    free win, not buffering). Only two things are ever held back: a trailing partial event, until
-    its end arrives, so the client never sees half an event and the usage scan always sees whole
-    events; and the usage event, when the gateway asked for usage on its own account and the
-    client did not (api/sse.py).
-
-    `gaps` holds one entry per event: the first is the time to it from `started` (the TTFT), each
-    later one the gap since the previous chunk, stamped when its chunk arrived (0 for each further
-    event in the same chunk). `feed` asks to stop (returns False) at the chunk holding `[DONE]`,
-    which it keeps in `final`; when the client's buffer is full (`blocked`); and, until
-    `write_directly` armed it, at each chunk of events, which it keeps in `held` for the task to
-    send through ASGI.
+    Chunks are forwarded as they arrive. Held back are only a trailing partial event, until its end
+    arrives, and the usage event the client did not ask for (api/sse.py). `gaps` has one entry per
+    event: the TTFT first, then the gap since the previous chunk (0 within a chunk). `feed` stops
+    (returns False) at the chunk holding `[DONE]` (kept in `final`), when the client's buffer is
+    full (`blocked`), and, until `write_directly`, at each chunk (kept in `held` for the task).
     """
 
-    __slots__ = ("_closing", "_flow", "_write", "blocked", "final", "gaps", "held", "last",
+    __slots__ = ("_closing", "_write", "_writer", "blocked", "final", "gaps", "held", "last",
                  "pending", "saw_done", "usage")
 
     # Set with `_write` by write_directly, and read only when it was.
     _closing: Callable[[], bool]
-    _flow: WriteFlow
+    _writer: ClientWriter
 
     def __init__(self, started: float, strip_usage: bool) -> None:
         self.usage = Usage(strip_usage)
@@ -88,7 +66,7 @@ class Splice:
     def write_directly(self, writer: ClientWriter) -> None:
         """From now on write each chunk to the client's connection (the head was sent)."""
         self._closing = writer.transport.is_closing
-        self._flow = writer.flow
+        self._writer = writer
         self._write = writer.transport.write
 
     def feed(self, chunk: bytes, now: float) -> bool:
@@ -119,7 +97,7 @@ class Splice:
         if self._closing():
             return True  # as uvicorn's send: dropped; the disconnect cancels the relay
         write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        if self._flow.write_paused:
+        if self._writer.write_paused:
             self.blocked = True
             return False
         return True

@@ -73,7 +73,7 @@ async def relay_stream(
             elif splice.blocked:
                 assert writer is not None
                 splice.blocked = False
-                await writer.flow.drain()
+                await writer.drain()
             await resp.push(feed)
             if not (splice.held or splice.blocked or splice.saw_done):
                 raise UpstreamFailed("replica ended the stream without [DONE]")

@@ -25,7 +25,6 @@ async def relay_whole(
 ) -> None:
     """Relay a replica's whole 200 answer, and count its tokens."""
     body = await resp.read()
-    resp.release()
     done = d.flow.clock() if pool is not None and d.flow is not None else 0.0
     d.router.report_success(backend)
     await send_body(send, 200, body)

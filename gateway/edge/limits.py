@@ -1,7 +1,7 @@
 """The limits a process's client connections share, and the record of every refusal.
 
 Every refusal counts in `llmserve_edge_events{reason}` and logs at most one line per reason per
-`log_interval_s`. A refusal the client can still read is answered in OpenAI's JSON shape
+10 s. A refusal the client can still read is answered in OpenAI's JSON shape
 (`raw_response`), written by the protocol itself: no request cycle exists for it.
 """
 
@@ -28,7 +28,7 @@ class Edge:
         self.settings = settings
         # Children made up front: each reason is exported (at 0) before it first happens.
         self._counters = {r: metrics.edge_events.labels(r) for r in REASONS}
-        self._logs = {r: RateLimitedLog(log, settings.log_interval_s, burst=1) for r in REASONS}
+        self._logs = {r: RateLimitedLog(log, burst=1) for r in REASONS}
 
     def event(self, reason: str, client: tuple[str, int] | None, detail: str = "") -> None:
         self._counters[reason].inc()

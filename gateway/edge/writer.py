@@ -23,13 +23,6 @@ class ConnectionWriter:
         self.lost: Callable[[], None] | None = None
         self._writable: asyncio.Future[None] | None = None
 
-    @property
-    def flow(self) -> ConnectionWriter:
-        """The write flow (api/splice.py's WriteFlow) is the writer itself. A property, not an
-        attribute holding `self`: an object that refers to itself is freed only by the cyclic GC,
-        which the server runs seldom (gateway/server.py), and the connection's transport with it."""
-        return self
-
     async def drain(self) -> None:
         """Until the client's socket buffer has room again, or the connection is gone."""
         if self.write_paused:

@@ -1,17 +1,10 @@
 """The scaling signal: each pool's demand, as an autoscaler should read it.
 
 Demand = requests waiting for a replica of a pool at zero (routing/wake.py) + requests waiting in
-the pool's admission queue + admitted requests in flight. The engines' own queue
-(`vllm:num_requests_waiting`) cannot serve as this signal: admission control exists to keep it
-short, so under overload the load waits here, or is refused, and the engines look calm. Demand
-counts what the pool is asked to carry, whatever the door does with it; divided by the pool's ready
-replicas (`llmserve_pool_ready_replicas`) it is the load per replica that an autoscaler compares
-with its target.
-
-Read at scrape time from the counters admission, the wake gate and the router keep anyway: nothing
-is added to the request path. Pools are per model (the `pool` label holds the model name, as on the
-other flow metrics); every model the router knows is listed, 0 when idle, so an autoscaler's query
-finds a series even for a pool that has never had a request.
+the pool's admission queue + admitted requests in flight: what the pool is asked to carry,
+whatever admission does with it (the engines' own queue stays short under admission control, so
+it cannot serve). Read at scrape time; every model the router knows is listed, 0 when idle, so an
+autoscaler's query finds a series even for a pool that never had a request. docs/autoscaling.md.
 """
 
 from __future__ import annotations

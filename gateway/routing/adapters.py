@@ -1,28 +1,9 @@
 """The LoRA adapters the platform serves, kept the same on every replica of their base model.
 
-vLLM loads an adapter on one server at a time (`POST /v1/load_lora_adapter`), and a server that
-restarts comes back with only the adapters of its command line. This module keeps the set per
-base model and re-applies it (docs/lora.md):
-
-- **Seen.** Every replica's /v1/models (through the prober's `observe`, before the router builds
-  pools) names its adapters, each with its base (`parent`) and its directory (`root`, on the
-  shared volume). An adapter seen on any replica is part of its base's set: those a pool declares
-  (the worker's --lora-modules) and those added at run time through any gateway.
-- **Added** through this gateway's admin API (api/admin.py): loaded on every available replica of
-  the base, at once.
-- **Re-applied** by a reconcile round every probe period (app.py runs it): a replica that joins (discovery) or
-  comes back after its probe failed (a restart: a new `CacheLife`, as the router gives it) gets
-  every adapter of its base it does not list. A life is only ever brought up to date once per
-  adapter ("ensured"), so an adapter another gateway removed is not pushed back onto replicas
-  that merely miss it; one this gateway learns about counts as ensured on the replicas up at that
-  moment. A load that fails is retried with a backoff.
-- **Removed** through the admin API: unloaded everywhere; the name is not learned again until no
-  replica lists it (the removal is complete), and it is forgotten by every gateway once no
-  available replica of its base lists it.
-
-Two gateways that race a removal against a replica's restart may load the adapter back on that
-replica: removal is eventually consistent, not transactional. Adapters declared by a pool come
-back with every restart of its workers: remove them from the pool's values.
+An adapter a replica lists in /v1/models (seen through the prober's `observe`) or added through
+the admin API belongs to its base's set; a reconcile round every probe period loads it on each
+replica life (a join, or a restart) that misses it, once per life, so that an adapter another
+gateway removed is not pushed back. docs/lora.md ("The adapter set") has the whole design.
 """
 
 from __future__ import annotations
@@ -30,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -92,9 +74,9 @@ class Adapters:
         # Hot path (`parent_of`): adapter -> base, for every adapter seen or added.
         self._parents: dict[str, str] = {}
         self._counts: dict[str, int] = {}  # base -> adapters in the set
-        self._listed: dict[str, dict[str, ModelCard]] = {}  # url -> adapter cards it lists
+        # url -> the adapters it has: its last listing, with our loads and unloads since
+        self._has: dict[str, set[str]] = {}
         self._bases: dict[str, frozenset[str]] = {}  # url -> base models it serves
-        self._loaded: dict[str, set[str]] = {}  # url -> loaded by us since its last listing
         self._lives: dict[CacheLife, _Life] = {}
         self._removed: set[str] = set()
         self._lock = asyncio.Lock()
@@ -108,9 +90,8 @@ class Adapters:
     def observe(self, url: str, cards: list[ModelCard]) -> None:
         url = url.rstrip("/")
         adapters = {c.id: c for c in cards if c.parent is not None}
-        self._listed[url] = adapters
+        self._has[url] = set(adapters)
         self._bases[url] = frozenset(c.id for c in cards if c.parent is None)
-        self._loaded.pop(url, None)  # the listing is the truth from here on
         for name, card in adapters.items():
             parent = card.parent
             assert parent is not None
@@ -119,8 +100,8 @@ class Adapters:
             self._keep(Adapter(name, parent, card.root or ""))
             # Learned, not added: replicas up now may miss it for a reason (another gateway's
             # removal in progress); only lives that come up from now on are brought up to date.
-            for life in self._available_lives():
-                self._life(life).ensured.add(name)
+            for b in self._available():
+                self._life(b.cache_life).ensured.add(name)
             log.info("adapter %s of %s seen on %s (%s)", name, parent, url, card.root)
 
     # -- per request -----------------------------------------------------------------------------
@@ -137,17 +118,13 @@ class Adapters:
 
     def catalog(self) -> list[tuple[Adapter, list[str]]]:
         """Each adapter of the set with the replicas that list it (or loaded it), by name."""
-        return [(a, sorted(u for u in self._listed if a.name in self._present(u)))
+        return [(a, sorted(u for u, names in self._has.items() if a.name in names))
                 for a in sorted(self._adapters.values(), key=lambda a: a.name)]
 
     def served(self) -> list[tuple[str, str]]:
         """(adapter, base) for the adapters some available replica serves: the label values of
         the adapter metrics (never a name a client made up)."""
-        router = self._router
-        if router is None:
-            return []
-        now = self._clock()
-        up = {b.url for b in router.backends() if b.available(now)}
+        up = {b.url for b in self._available()}
         return sorted((a.name, a.base) for a in self._adapters.values()
                       if any(a.name in self._present(u) for u in up))
 
@@ -238,14 +215,11 @@ class Adapters:
         now = self._clock()
         return [b for b in self._router.backends() if b.available(now)]
 
-    def _available_lives(self) -> Iterable[CacheLife]:
-        return (b.cache_life for b in self._available())
-
     def _replicas_of(self, base: str) -> list[Backend]:
         return [b for b in self._available() if base in self._bases.get(b.url, ())]
 
     def _present(self, url: str) -> set[str]:
-        return set(self._listed.get(url, ())) | self._loaded.get(url, set())
+        return self._has.get(url, set())
 
     def _keep(self, a: Adapter) -> None:
         self._adapters[a.name] = a
@@ -257,16 +231,10 @@ class Adapters:
 
     def _recount(self) -> None:
         self._parents = {a.name: a.base for a in self._adapters.values()}
-        counts: dict[str, int] = {}
-        for a in self._adapters.values():
-            counts[a.base] = counts.get(a.base, 0) + 1
-        self._counts = counts
+        self._counts = Counter(self._parents.values())
 
     def _life(self, life: CacheLife) -> _Life:
-        found = self._lives.get(life)
-        if found is None:
-            found = self._lives[life] = _Life()
-        return found
+        return self._lives.setdefault(life, _Life())
 
     def _prune(self) -> None:
         """Forget lives that ended (a new life, or the replica left) and replicas that left."""
@@ -277,10 +245,9 @@ class Adapters:
         for life in [x for x in self._lives if x not in current]:
             del self._lives[life]
         urls = {b.url for b in backends}
-        for url in [u for u in self._listed if u not in urls]:
-            del self._listed[url]
+        for url in [u for u in self._has if u not in urls]:
+            del self._has[url]
             self._bases.pop(url, None)
-            self._loaded.pop(url, None)
 
     def _forget(self) -> None:
         """An adapter that no available replica of its base lists, although each of them was
@@ -311,7 +278,7 @@ class Adapters:
         # vLLM answers 400 "has already been loaded" for a name it has: what we wanted.
         ok = status == 200 or (status == 400 and "already been loaded" in text)
         if ok:
-            self._loaded.setdefault(b.url, set()).add(name)
+            self._has.setdefault(b.url, set()).add(name)
             self.loads["ok"] += 1
         else:
             self.loads["failed"] += 1
@@ -323,7 +290,7 @@ class Adapters:
         status, text = await self._post(b.url + UNLOAD_PATH, orjson.dumps({"lora_name": name}))
         ok = status in (200, 404)  # 404: it was not there (any more)
         if ok:
-            self._loaded.get(b.url, set()).discard(name)
+            self._present(b.url).discard(name)
         return LoadResult(b.url, ok, "unloaded" if ok else text)
 
     async def _post(self, url: str, body: bytes) -> tuple[int, str]:
@@ -332,12 +299,7 @@ class Adapters:
         try:
             async with asyncio.timeout(self._settings.load_timeout_s):
                 resp = await self._transport.post(url, body, headers, streaming=False)
-                try:
-                    raw = await resp.read()
-                except BaseException:
-                    resp.close()
-                    raise
-                resp.release()
+                raw = await resp.read()
         except TimeoutError:
             return 0, f"no answer within {self._settings.load_timeout_s:g} s"
         except GatewayError as exc:
@@ -350,9 +312,8 @@ def _message(raw: bytes) -> str:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return raw[:300].decode("utf-8", "replace").strip()
-    if isinstance(doc, dict):
-        err = doc.get("error", doc)
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])
+        doc = None
+    err = doc.get("error", doc) if isinstance(doc, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return str(err["message"])
     return raw[:300].decode("utf-8", "replace").strip()

@@ -10,7 +10,7 @@ from gateway.routing.discovery.dns import Dns
 from gateway.routing.discovery.static import Static
 from gateway.routing.policy import LeastOutstanding, RoundRobin, RoutingPolicy
 from gateway.routing.probe import Prober
-from gateway.routing.residency import Residency, resident_first
+from gateway.routing.residency import Residency, ResidentFirst
 from gateway.routing.retry_budget import RetryBudget
 from gateway.routing.router import Router
 from gateway.settings import AffinitySettings, GatewaySettings, wake_budgets
@@ -64,7 +64,7 @@ def build_router(settings: GatewaySettings, prober: Prober,
         policy = make_policy(settings.routing_policies.get(model, settings.routing_policy),
                              settings.affinity)
         if residency is not None and residency.adapters.parent_of(model) is not None:
-            return resident_first(policy, residency)
+            return ResidentFirst(policy, residency)
         return policy
 
     return Router(

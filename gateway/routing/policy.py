@@ -20,7 +20,8 @@ class RouteRequest:
 
 class RoutingPolicy(Protocol):
     # True: the caller builds a RouteRequest per request (key, prefix); False: it may reuse one.
-    uses_affinity: ClassVar[bool]
+    @property
+    def uses_affinity(self) -> bool: ...
 
     def pick(self, candidates: Sequence[Backend], request: RouteRequest) -> Backend | None:
         """Choose one of `candidates` (all available and serving the model), or None if empty.

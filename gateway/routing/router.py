@@ -1,37 +1,18 @@
 """The router: backends from discovery, kept honest by probes and failures, one pool per model.
 
 Active health: every `health_interval_s` each backend's /health and /v1/models are probed. A
-failed probe makes the backend unavailable at once; a passed one makes it probe-healthy and says
-which models it serves. A newly discovered backend is probed at once and takes no traffic before
-its first passed probe (a replica still loading its model would fail the first requests).
+failed probe takes the backend out at once and gives it a new `CacheLife` (a restarted engine lost
+its KV cache); a new backend takes no traffic before its first passed probe.
 
-Passive health: `eject_after_failures` consecutive request failures eject a backend for
-`eject_for_s`, so a replica that dies between probes stops taking traffic after a few requests.
-A replica that fails only some of its requests (a brownout: every other one a 503) never fails
-three in a row; it is ejected when the moving average of its failures reaches
-`eject_failure_rate`, unless no other backend is available (then its successes are all there is).
-Left in, it would draw ever more traffic: its failures answer fast, so it has the fewest requests
-in flight. Retries to other replicas are bounded by a retry budget (routing/retry_budget.py).
+Passive health: `eject_after_failures` consecutive failures, or a moving average of failures at
+`eject_failure_rate` (a brownout that never fails three in a row, yet draws ever more traffic since
+its failures answer fast), eject a backend for `eject_for_s`, within `max_ejection_percent` of its
+pool; with no backend available the pool routes to the ejected ones (panic mode, docs/routing.md).
+A passing probe does not cut an ejection short: the failures were real requests failing while
+/health answered 200.
 
-Limits (Envoy's outlier detection): at most `max_ejection_percent` of a pool is ejected at once
-(at least one backend), and when no backend of a pool is available but some are only ejected,
-the pool routes to those anyway (panic mode): failures may come from overload or bad requests,
-and a guess beats a certain 503. Backends whose probe fails stay out even then.
-
-Policies: one per model pool (`policy_for`), else the shared `policy`. A failed probe gives the
-backend a new `CacheLife`: an engine that went away lost its KV cache, and affinity policies
-stop believing what they learned about it.
-
-Models that may scale to zero (`standby`, declared in the settings): with no replica there is no
-backend to learn them from, so the router knows them from the declaration. They stay listed and
-known (a request for one is not a 404), and a gateway fronting one is ready with no backend up: it
-has to take the requests that wake the pool (gateway/routing/wake.py). `listen` tells the wake
-gate when a backend turns routable.
-
-Decision: a passing probe does NOT cut an ejection short. The failures were real requests failing
-while /health still answered 200 (a wedged engine, a broken pipe, an overloaded replica), so a
-green /health is no evidence against them. When the ejection ends the backend is readmitted only
-if its latest probe passed; a probe that fails during the ejection keeps it out afterwards.
+Models that may scale to zero (`standby`) are known without a backend: listed, not a 404, and
+the gateway is ready with none up, to take the requests that wake the pool (routing/wake.py).
 """
 
 from __future__ import annotations
@@ -72,12 +53,6 @@ class Router:
         standby: Collection[str] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if (health_interval_s <= 0 or eject_after_failures < 1 or eject_for_s < 0
-                or not 0 <= max_ejection_percent <= 100):
-            raise ValueError(
-                "Router: health_interval_s must be > 0, eject_after_failures >= 1, "
-                "eject_for_s >= 0, 0 <= max_ejection_percent <= 100"
-            )
         self._discovery = discovery
         self._prober = prober
         self._policy = policy
@@ -92,9 +67,7 @@ class Router:
         self.retry_budget = retry_budget or RetryBudget(clock=clock)
         self._backends: dict[str, Backend] = {}
         # model -> (backends that serve it, the RouteRequest for it, its policy); rebuilt off the
-        # hot path, read per request. Tuples: `pick` may hand a pool to the policy as is. The
-        # request is cached because building a frozen dataclass per request costs as much as the
-        # rest of a pick (affinity policies get one per request from the caller instead).
+        # hot path, read per request (affinity policies get a RouteRequest per request instead).
         self._pools: dict[str, tuple[tuple[Backend, ...], RouteRequest, RoutingPolicy]] = {}
         self.panics: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []

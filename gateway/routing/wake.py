@@ -1,16 +1,9 @@
 """Requests for a pool at zero replicas wait here until a replica is routable, or their wake
-budget runs out.
+budget runs out (then 503 `model_waking` with a Retry-After, never a 404).
 
-A pool declared `scale_to_zero` (GatewaySettings.pools) may have no replica at all: its
-autoscaler parked it. A request for it then waits in the gateway rather than getting a 503, and is
-counted in the pool's demand (`llmserve_pool_demand`, flow/demand.py), which is what the
-autoscaler reads to start a replica. The moment the router sees one pass its probe (`Router.listen`)
-every waiter goes on, through admission as any request does: per-key limits were charged before the
-wait, and the concurrency limit, the fair queue and the streams behave as with a running pool.
-A request still waiting when its pool's `wake_budget_s` is spent gets 503 `model_waking` with a
-Retry-After, never a 404.
-
-Pools not declared scalable to zero never wait: with no healthy replica they keep the fast 503.
+The wait is counted in the pool's demand (flow/demand.py), which is what its autoscaler reads to
+start a replica; when the router sees one pass its probe (`Router.listen`) every waiter goes on
+through admission as any request does. Pools not declared `scale_to_zero` never wait.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ class UpstreamResponse(Protocol):
     status: int
 
     async def read(self) -> bytes:
-        """The whole body (non-streaming responses)."""
+        """The whole body (non-streaming responses); then the connection is released, or
+        closed if reading failed."""
         ...
 
     async def readany(self) -> bytes:

@@ -1,14 +1,10 @@
 """The default upstream transport: a lean HTTP/1.1 client on asyncio + httptools.
 
-Why not aiohttp here: profiling the gateway under the overhead benchmark showed aiohttp's
-per-chunk machinery (StreamReader.feed_data, flow control, chunk bookkeeping, one Python call chain
-per chunked-encoding chunk, i.e. per SSE event) as the largest cost after the event loop itself.
-This client parses with httptools (C, the parser uvicorn uses), appends each body chunk to a list
-from the parser callback, and wakes the reader once per socket read, however many events it held.
-
-It speaks exactly what the gateway needs from an engine: keep-alive POST/GET, Content-Length or
-chunked responses, connection pooling per origin, back-pressure (reading pauses while a slow client
-leaves too much unread), and an abort that drops the TCP connection so vLLM stops generating.
+httptools (the parser uvicorn uses) calls back per body chunk, that is per SSE event; this client
+collects the chunks in a list and hands each socket read to the reader once, however many events
+it held. It speaks what the gateway needs from an engine: keep-alive POST/GET, Content-Length or
+chunked responses, a pool per origin, back-pressure, and an abort that drops the TCP connection so
+vLLM stops generating.
 """
 
 from __future__ import annotations
@@ -230,8 +226,13 @@ class H1Response:
 
     async def read(self) -> bytes:
         parts = []
-        while chunk := await self._conn.readany():
-            parts.append(chunk)
+        try:
+            while chunk := await self._conn.readany():
+                parts.append(chunk)
+        except BaseException:
+            self.close()
+            raise
+        self.release()
         return b"".join(parts)
 
     def close(self) -> None:
@@ -397,9 +398,7 @@ class H1Transport:
         try:
             body = await resp.read()
         except (UpstreamFailed, UpstreamTimeout) as exc:
-            resp.close()
             raise UpstreamFailed(f"GET {url}: {exc.message}") from None
-        resp.release()
         return resp.status, body
 
     async def close(self) -> None:

@@ -29,7 +29,6 @@ class ClientWriter:
         self.room = room
         self.frames: list[bytes] = []
         self.transport = self
-        self.flow = self
         self.write_paused = False
         self.closing = False
 

@@ -16,7 +16,7 @@ from tests.gateway.edge.conftest import json_error
 def test_edge_events_count_every_time_and_log_once_per_interval(
         caplog: pytest.LogCaptureFixture) -> None:
     metrics = GatewayMetrics()
-    edge = Edge(EdgeSettings(log_interval_s=60), metrics)
+    edge = Edge(EdgeSettings(), metrics)
     with caplog.at_level(logging.WARNING, logger="gateway.edge"):
         for _ in range(5):
             edge.event("head_timeout", ("10.0.0.1", 1234))

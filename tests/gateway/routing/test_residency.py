@@ -12,7 +12,7 @@ from gateway.routing.affinity import PrefixAffinity
 from gateway.routing.backend import Backend, CacheLife
 from gateway.routing.factory import build_router
 from gateway.routing.policy import LeastOutstanding, RouteRequest
-from gateway.routing.residency import Residency, ResidentFirst, resident_first
+from gateway.routing.residency import Residency, ResidentFirst
 from gateway.settings import GatewaySettings, LoraSettings
 from gateway.transport.prober import ModelCard
 
@@ -36,7 +36,7 @@ def registry(names: list[str], settings: LoraSettings) -> Adapters:
 
 def policy(names: list[str], **lora: Any) -> ResidentFirst:
     settings = LoraSettings(**lora)
-    return resident_first(LeastOutstanding(), Residency(registry(names, settings), settings))
+    return ResidentFirst(LeastOutstanding(), Residency(registry(names, settings), settings))
 
 
 def test_few_adapters_are_not_narrowed() -> None:
@@ -45,7 +45,7 @@ def test_few_adapters_are_not_narrowed() -> None:
     pool = backends(2)
     picks = Counter(p.pick(pool, RouteRequest("a")).url for _ in range(10))  # type: ignore[union-attr]
     assert len(picks) == 2 and set(picks.values()) == {5}
-    assert p._r.stats.counts[BASE]["idle"] == 10
+    assert p._r.counts[BASE]["idle"] == 10
 
 
 def test_an_adapter_stays_where_it_is_resident() -> None:
@@ -58,7 +58,7 @@ def test_an_adapter_stays_where_it_is_resident() -> None:
     assert {p.pick(pool, RouteRequest("a")) for _ in range(20)} == {first}
     other = p.pick(pool, RouteRequest("b"))
     assert other is not None and other is not first  # the free slot, not an eviction
-    counts = p._r.stats.counts[BASE]
+    counts = p._r.counts[BASE]
     assert counts["hit"] == 20 and counts["miss"] == 2
 
 
@@ -77,7 +77,7 @@ def test_the_load_bound_spills_a_hot_adapter() -> None:
     per = Counter(b.url for b in placed)
     # ceil(1.25 x 8 / 2) = 5 at most on the home: the rest spilled, and "a" is resident there too.
     assert per[home.url] <= 5 and len(per) == 2
-    assert p._r.stats.counts[BASE]["overloaded"] >= 1
+    assert p._r.counts[BASE]["overloaded"] >= 1
 
 
 def test_a_miss_never_goes_above_the_mean_and_prefers_a_free_slot() -> None:

@@ -338,12 +338,6 @@ async def test_stop_cancels_background_tasks() -> None:
     assert all(t.done() for t in tasks)
 
 
-def test_rejects_inconsistent_parameters() -> None:
-    with pytest.raises(ValueError, match="eject_after_failures"):
-        Router(Static([]), FakeProber({}), LeastOutstanding(), health_interval_s=1,
-               eject_after_failures=0, eject_for_s=1)
-
-
 # -- ejection limits, panic mode, per-pool policies ---------------------------------------------
 
 D = "http://d:1"

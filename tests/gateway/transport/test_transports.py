@@ -154,7 +154,6 @@ async def test_keep_alive_connection_is_reused() -> None:
         for _ in range(3):
             resp = await t.post(url + "/x", b"{}", {}, streaming=True)
             assert await resp.read() == b"data: x\n\n"
-            resp.release()
         await t.close()
     assert (srv.connections, srv.requests) == (1, 3)  # one connection served all three
 
@@ -169,7 +168,6 @@ async def test_request_on_a_connection_the_replica_closed_is_resent_on_a_new_one
         for _ in range(2):
             resp = await t.post(url + "/x", b"{}", {}, streaming=True)
             assert await resp.read() == b"data: x\n\n"
-            resp.release()
         await t.close()
     # Request 2 reached the server twice: on the reused connection, then on a new one.
     assert (srv.connections, srv.requests) == (2, 3)
@@ -183,7 +181,6 @@ async def test_abort_mid_stream_closes_the_connection(server: str) -> None:
     # An aborted connection is never pooled: the next request opens a new one.
     resp = await t.post(server + "/stream?gaps=0", b"{}", {}, streaming=True)
     assert await resp.read() == b"data: x\n\n"
-    resp.release()
     await t.close()
 
 
