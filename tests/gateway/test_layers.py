@@ -5,6 +5,7 @@ server, edge, cli) sit above them all. No lower layer imports a higher one, and 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ def rank(module: str) -> int:
     return 5 if len(parts) >= 2 and parts[1] in ASSEMBLY else 0  # edge: a package
 
 
+@functools.cache  # read once: every parametrized case below looks at the same tree
 def imports() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
