@@ -16,14 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Self
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests import loopback
 
 
 def sample_value(gateway_url: str, name: str, **labels: str) -> float | None:
     """The value of the sample `name` (e.g. `llmserve_rejections_total`) whose labels include
     `labels`, in the gateway's /metrics; None when absent."""
-    text = httpx.get(gateway_url + "/metrics", timeout=5).text
+    text = loopback.get(gateway_url + "/metrics", timeout=5).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and labels.items() <= sample.labels.items():

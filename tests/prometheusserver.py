@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import yaml
 
+from tests import loopback
 from tests.ports import free_port
 
 INSTALL_HINT = "prometheus not found: apt-get install prometheus (or `make test`, which does)"
@@ -36,7 +37,7 @@ class PrometheusServer:
     log: Path
 
     def api(self, path: str, **params: Any) -> Any:
-        r = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=30)
+        r = loopback.get(f"{self.url}/api/v1/{path}", params=params, timeout=30)
         body = r.json()
         assert body.get("status") == "success", (path, params, body)
         return body["data"]
@@ -104,7 +105,7 @@ def prometheus_server(workdir: Path, targets: list[Target]) -> Iterator[Promethe
         deadline = time.monotonic() + 30
         while True:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(server.url + "/-/ready", timeout=1).status_code == 200:
+                if loopback.get(server.url + "/-/ready", timeout=1).status_code == 200:
                     break
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"prometheus did not start:\n{log.read_text()[-2000:]}")

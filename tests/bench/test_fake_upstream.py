@@ -7,10 +7,10 @@ import gc
 import socket
 import time
 
-import httpx
 import pytest
 
 from bench.fake_upstream import Behaviour, start_fake_upstream, start_in_thread
+from tests import loopback
 
 
 @pytest.mark.slow
@@ -31,7 +31,7 @@ async def test_sequence_slots_queue_completions_in_arrival_order() -> None:
     # Two slots, answers of 0.2 s: the third and fourth wait a whole answer for a slot, and their
     # first token with them, as in an engine whose batch is full.
     behaviour = Behaviour(max_num_seqs=2, tokens=4, token_delay_s=0.05)
-    async with start_fake_upstream(behaviour=behaviour) as up, httpx.AsyncClient() as client:
+    async with start_fake_upstream(behaviour=behaviour) as up, loopback.async_client() as client:
         t0 = time.perf_counter()
         firsts: list[float] = []
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import helm_python
-import httpx
 import pytest
 
 from gateway.settings import GatewaySettings, wake_budgets
+from tests import loopback
 from tests.deploy.conftest import RenderCase
 from tests.deploy.manifests import NAMESPACE, Manifest, Release, env_of, render
 from tests.deploy.test_validate import crd_validators
@@ -193,7 +193,7 @@ async def test_keda_query_sums_the_demand_of_every_gateway_replica(
                    # Another release's gateway: its demand is not this pool's.
                    Target("other-llmserve-gateway", elsewhere, {**labels, "pod": "gw-x"})]
         body = {"model": "m-tp", "prompt": "hi", "max_tokens": 1}
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with loopback.async_client(timeout=60) as client:
             waiting = [asyncio.create_task(client.post(url + "/v1/completions", json=body))
                        for url, n in ((a, 2), (b, 3), (elsewhere, 4)) for _ in range(n)]
             with prometheus_server(tmp_path, targets) as prom:

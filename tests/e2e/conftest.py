@@ -7,11 +7,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.stack import LocalStack
+from tests import loopback
 from tests.ports import free_port, free_port_pair
 
 
@@ -62,7 +62,7 @@ def scrape(url: str) -> dict[str, float]:
     """Prometheus text -> {"name{labels}": value}, labels sorted, through prometheus_client's
     parser (the format's escapes and special values are its business)."""
     out: dict[str, float] = {}
-    text = httpx.get(url + "/metrics", timeout=5).text
+    text = loopback.get(url + "/metrics", timeout=5).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from devstack.stack import LocalStack
+from tests import loopback
 from tests.autoscaler import Autoscaler, pool_gauge
 from tests.e2e.conftest import metric_sum, scrape
 from tests.ports import free_port
@@ -107,7 +108,7 @@ async def test_a_pool_at_zero_wakes_and_serves_every_waiting_stream(
     cold: LocalStack, model_name: str
 ) -> None:
     assert demand(cold, model_name) == 0
-    async with httpx.AsyncClient(base_url=cold.gateway_url,
+    async with loopback.async_client(base_url=cold.gateway_url,
                                  timeout=start_timeout() + 120) as client:
         # The models list has the pool at zero replicas: clients see the model, not a 404.
         listed = (await client.get("/v1/models")).json()["data"]
@@ -152,7 +153,7 @@ async def test_past_the_wake_budget_every_stream_gets_503_and_none_hangs(
     try:
         s.start_gateway()
         s.wait_gateway(timeout_s=60)
-        async with httpx.AsyncClient(base_url=s.gateway_url, timeout=60) as client:
+        async with loopback.async_client(base_url=s.gateway_url, timeout=60) as client:
             results = await asyncio.gather(*(ask(client, real_model_dir.name) for _ in range(8)))
         assert demand(s, real_model_dir.name) == 0
     finally:
@@ -231,7 +232,7 @@ async def test_the_signal_rises_under_a_step_while_the_engine_queue_stays_low(
     try:
         await asyncio.sleep(1.0)  # the idle baseline
         step = time.monotonic() - t0
-        async with httpx.AsyncClient(base_url=cold.gateway_url, timeout=120,
+        async with loopback.async_client(base_url=cold.gateway_url, timeout=120,
                                      limits=httpx.Limits(max_connections=clients)) as c:
             until = time.monotonic() + step_s
             await asyncio.gather(*(client_loop(c, until) for _ in range(clients)))

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from devstack.stack import LocalStack
+from tests import loopback
 from tests.e2e.conftest import metric_sum, scrape
 
 pytestmark = pytest.mark.engine
@@ -29,18 +30,18 @@ def assert_openai_error(resp: httpx.Response, status: int, code: str | None = No
 
 
 def test_unknown_model_is_404(stack: LocalStack) -> None:
-    r = httpx.post(stack.gateway_url + "/v1/chat/completions",
+    r = loopback.post(stack.gateway_url + "/v1/chat/completions",
                    json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
     assert_openai_error(r, 404, "model_not_found")
 
 
 def test_malformed_json_and_wrong_types_are_400(stack: LocalStack, model_name: str) -> None:
     url = stack.gateway_url + "/v1/chat/completions"
-    r = httpx.post(url, content=b'{"model": ', headers={"content-type": "application/json"})
+    r = loopback.post(url, content=b'{"model": ', headers={"content-type": "application/json"})
     assert_openai_error(r, 400)
-    r = httpx.post(url, json={"model": model_name, "messages": "hi"})
+    r = loopback.post(url, json={"model": model_name, "messages": "hi"})
     assert assert_openai_error(r, 400)["param"] == "messages"
-    r = httpx.post(url, json={"model": model_name, "messages": [{"role": "user", "content": "x"}],
+    r = loopback.post(url, json={"model": model_name, "messages": [{"role": "user", "content": "x"}],
                               "max_tokens": "ten"})
     assert assert_openai_error(r, 400)["param"] == "max_tokens"
 
@@ -48,18 +49,18 @@ def test_malformed_json_and_wrong_types_are_400(stack: LocalStack, model_name: s
 def test_engine_side_validation_error_keeps_openai_shape(stack: LocalStack,
                                                          model_name: str) -> None:
     # The engine, not the gateway, rejects this (longer than the model's context).
-    r = httpx.post(stack.gateway_url + "/v1/completions",
+    r = loopback.post(stack.gateway_url + "/v1/completions",
                    json={"model": model_name, "prompt": "hi", "max_tokens": 10_000_000})
     assert_openai_error(r, 400)
 
 
 def test_oversized_body_is_413(stack: LocalStack, model_name: str) -> None:
     big = "x" * (9 * 1024 * 1024)
-    r = httpx.post(stack.gateway_url + "/v1/completions",
+    r = loopback.post(stack.gateway_url + "/v1/completions",
                    json={"model": model_name, "prompt": big}, timeout=30)
     assert_openai_error(r, 413, "payload_too_large")
     # Still alive and serving afterwards.
-    assert httpx.get(stack.gateway_url + "/health").status_code == 200
+    assert loopback.get(stack.gateway_url + "/health").status_code == 200
 
 
 def running(stack: LocalStack) -> float:
@@ -77,7 +78,7 @@ def wait_running(stack: LocalStack, pred, timeout: float) -> float:
 
 def test_disconnect_mid_stream_aborts_generation(stack: LocalStack, model_name: str) -> None:
     async def run() -> None:
-        async with httpx.AsyncClient(timeout=60) as client, client.stream(
+        async with loopback.async_client(timeout=60) as client, client.stream(
             "POST", stack.gateway_url + "/v1/completions",
             json={"model": model_name, "prompt": "Tell me a very long story.",
                   "max_tokens": 1500, "stream": True, "ignore_eos": True},

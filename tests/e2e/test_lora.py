@@ -15,13 +15,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 from openai import OpenAI
 
 from devstack.stack import LocalStack
 from model_store.marker import read_marker
+from tests import loopback
 from tests.conftest import REPO, S3Env
 from tests.e2e.conftest import running, scrape
 from tests.ports import free_port, free_port_pair
@@ -140,7 +140,7 @@ def test_a_runtime_adapter_is_back_on_a_killed_and_restarted_replica(
     base = lora_stack.model_dir.name
     gw = lora_stack.gateway_url
     auth = {"authorization": f"Bearer {ADMIN_KEY}"}
-    added = httpx.post(gw + "/admin/adapters", headers=auth, timeout=120, json={
+    added = loopback.post(gw + "/admin/adapters", headers=auth, timeout=120, json={
         "name": "chat", "base": base, "path": str(adapter_dirs["chat"])})
     assert added.status_code == 200, added.text
     assert added.json()["replicas"] == {u: "loaded" for u in lora_stack.worker_urls}
@@ -157,7 +157,7 @@ def test_a_runtime_adapter_is_back_on_a_killed_and_restarted_replica(
     print(f"\nworker 1 killed and serving again in {time.monotonic() - t0:.0f} s", flush=True)
     w1 = lora_stack.worker_urls[1]
     deadline = time.monotonic() + 60
-    while "chat" not in [m["id"] for m in httpx.get(w1 + "/v1/models").json()["data"]]:
+    while "chat" not in [m["id"] for m in loopback.get(w1 + "/v1/models").json()["data"]]:
         assert time.monotonic() < deadline, "the gateway did not load the adapter back"
         time.sleep(0.5)
     print(f"adapter back on worker 1 {time.monotonic() - t0:.0f} s after the kill", flush=True)

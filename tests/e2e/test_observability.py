@@ -34,6 +34,7 @@ from deploy.dashboards.__main__ import all_dashboards
 from deploy.dashboards.common import substitute
 from devstack.procs import Proc
 from devstack.stack import CPU_FLOW_ARGS, LocalStack, wait_http_ok
+from tests import loopback
 from tests.dashboardquery import ALL, resolve
 from tests.ports import free_port
 from tests.prometheusserver import PrometheusServer, Target, prometheus_server
@@ -111,7 +112,7 @@ async def _load(url: str, model: str) -> list[Seen]:
         async with sem:
             return await (_stream(c, model, usage) if kind == "stream" else _whole(c, model))
 
-    async with httpx.AsyncClient(base_url=url, timeout=300) as c:
+    async with loopback.async_client(base_url=url, timeout=300) as c:
         seen = await asyncio.gather(*(run(k, u, c) for k, u in jobs))
         for _ in range(UNKNOWN):  # one `unknown` model series, however many names
             r = await c.post("/v1/chat/completions", json={

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from devstack.stack import LocalStack
+from tests import loopback
 from tests.e2e.conftest import scrape
 from tests.e2e.test_errors_and_disconnect import assert_openai_error
 
@@ -26,7 +27,7 @@ def test_a_burst_gets_200s_and_fast_503s_only(stack: LocalStack, model_name: str
 
     async def burst() -> list[tuple[int, float, httpx.Response]]:
         limits = httpx.Limits(max_connections=None)
-        async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=120,
+        async with loopback.async_client(base_url=stack.gateway_url, timeout=120,
                                      limits=limits) as c:
             return await asyncio.gather(*(one(c) for _ in range(160)))
 

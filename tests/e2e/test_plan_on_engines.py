@@ -9,12 +9,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.procs import Proc
 from devstack.stack import LocalStack, wait_http_ok
+from tests import loopback
 from tests.ports import free_port
 from worker.layout import read_spec
 from worker.plan import Gpu, Layout, plan
@@ -28,7 +28,7 @@ CPU = Gpu("cpu", 24.0, 20.0, math.inf, "this machine")
 
 def engine_kv_tokens(url: str) -> int:
     """`kv_cache_size_tokens` of vllm:cache_config_info, as the engine sized its cache."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = loopback.get(url + "/metrics", timeout=10).text
     for family in text_string_to_metric_families(text):
         if family.name == "vllm:cache_config_info":
             return int(family.samples[0].labels["kv_cache_size_tokens"])
@@ -78,7 +78,7 @@ def test_the_planned_tp3_layout_serves_the_demo_model(
     tp3_worker: tuple[str, Layout], real_model_dir: Path
 ) -> None:
     url, layout = tp3_worker
-    r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
+    r = loopback.post(url + "/v1/chat/completions", timeout=300, json={
         "model": real_model_dir.name, "temperature": 0, "max_tokens": 12,
         "messages": [{"role": "user", "content": "What is the capital of France?"}]})
     assert r.status_code == 200, r.text

@@ -3,10 +3,10 @@ that served its first, and that engine really reuses the cached prefix."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from devstack.stack import LocalStack
+from tests import loopback
 from tests.e2e.conftest import metric_sum, scrape
 from tests.gateway.conftest import run_gateway
 
@@ -36,7 +36,7 @@ def test_second_turn_lands_on_the_first_turns_replica(stack: LocalStack, model_n
                 before = served_by(gw.url)
                 hits = {u: metric_sum(scrape(u), "vllm:prefix_cache_hits_total")
                         for u in stack.worker_urls}
-                r = httpx.post(gw.url + "/v1/chat/completions", timeout=120, json={
+                r = loopback.post(gw.url + "/v1/chat/completions", timeout=120, json={
                     "model": model_name, "messages": messages, "max_tokens": 4,
                     "temperature": 0.0})
                 assert r.status_code == 200, r.text

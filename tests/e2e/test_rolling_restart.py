@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from devstack.stack import LocalStack
+from tests import loopback
 from tests.e2e.conftest import scrape
 
 pytestmark = pytest.mark.engine
@@ -48,7 +49,7 @@ class Load:
                 self.details.append(f"{outcome}: {detail}")
 
     def client(self) -> None:
-        with httpx.Client(timeout=120) as c:
+        with loopback.client(timeout=120) as c:
             while not self.stop.is_set():
                 try:
                     with c.stream("POST", self.url, json=self.body) as resp:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
 import pytest
 from openai import OpenAI
 
 from devstack.stack import LocalStack
+from tests import loopback
 
 pytestmark = pytest.mark.engine
 
@@ -25,7 +25,7 @@ def test_killed_replica_breaks_its_stream_in_band_and_new_requests_fail_over(
     started = threading.Barrier(3)
 
     def consume(i: int) -> None:
-        with httpx.Client(timeout=120) as c, c.stream("POST", url, json=body) as resp:
+        with loopback.client(timeout=120) as c, c.stream("POST", url, json=body) as resp:
             assert resp.status_code == 200
             it = resp.iter_bytes()
             streams[i].append(next(it))
@@ -66,5 +66,5 @@ def test_killed_replica_breaks_its_stream_in_band_and_new_requests_fail_over(
             messages=[{"role": "user", "content": "Hi"}]):
             pass
     assert time.monotonic() - t0 < 60
-    ready = httpx.get(stack.gateway_url + "/ready").json()
+    ready = loopback.get(stack.gateway_url + "/ready").json()
     assert ready["status"] == "ready"

@@ -18,6 +18,7 @@ from bench.fake_upstream import Behaviour, FakeUpstream, start_in_thread
 from gateway.app import build_app
 from gateway.edge import Edge, EdgeProtocol
 from gateway.settings import GatewaySettings
+from tests import loopback
 from tests.ports import free_port
 
 
@@ -61,7 +62,7 @@ class RunningGateway:
     def metric(self, name: str) -> float:
         """Sum of all samples of `name` in the gateway's /metrics."""
         total = 0.0
-        for line in httpx.get(self.url + "/metrics").text.splitlines():
+        for line in loopback.get(self.url + "/metrics").text.splitlines():
             if line.startswith((name + "{", name + " ")):
                 total += float(line.rsplit(" ", 1)[1])
         return total
@@ -92,7 +93,7 @@ def run_gateway(*, expect_ready: bool = True, edge: bool = True, keep_alive_s: f
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.TransportError):
             if not (expect_ready and s.backends):
-                if httpx.get(url + "/health").status_code == 200:
+                if loopback.get(url + "/health").status_code == 200:
                     break
             # Every backend probed up, not just the first: tests of retries and balance need all.
             elif RunningGateway(url, app).metric("llmserve_backend_up") == len(set(s.backends)):
@@ -138,7 +139,7 @@ def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                if httpx.get(url + "/ready").status_code == 200:
+                if loopback.get(url + "/ready").status_code == 200:
                     break
             except httpx.TransportError:
                 pass

@@ -3,11 +3,11 @@ from __future__ import annotations
 import logging
 import time
 
-import httpx
 import orjson
 import pytest
 
 from gateway.errors import RateLimitedLog, Unavailable, normalize_upstream_error
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 
@@ -60,7 +60,7 @@ def test_every_error_the_gateway_writes_is_openai_json(
 ) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)], max_body_bytes=4096) as gw:
-        r = httpx.request(method, gw.url + path, content=body)
+        r = loopback.request(method, gw.url + path, content=body)
         assert r.status_code == status
         assert r.headers["content-type"] == "application/json"
         err = shape(r.content)

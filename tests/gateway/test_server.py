@@ -25,6 +25,7 @@ from bench.load import build_request
 from gateway.app import build_app
 from gateway.server import _DrainingServer
 from gateway.settings import GatewaySettings
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, gateway_process, run_gateway, url_of
 from tests.ports import free_port
 
@@ -62,7 +63,7 @@ def test_sigterm_lets_the_inflight_stream_finish_then_exits(upstreams: UpstreamF
         result: dict[str, str] = {}
 
         def stream() -> None:
-            r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+            r = loopback.post(url + "/v1/chat/completions", timeout=30, json={
                 "model": "demo", "stream": True, "max_tokens": 50,
                 "messages": [{"role": "user", "content": "hi"}]})
             result["text"] = r.text
@@ -90,7 +91,7 @@ def test_drain_expiry_ends_each_open_stream_with_one_error_event(
 
         def stream() -> None:
             try:
-                with httpx.stream("POST", url + "/v1/chat/completions", timeout=30, json={
+                with loopback.stream("POST", url + "/v1/chat/completions", timeout=30, json={
                         "model": "demo", "stream": True, "max_tokens": 400,
                         "messages": [{"role": "user", "content": "hi"}]}) as r:
                     results.append(r.read().decode())
@@ -101,7 +102,7 @@ def test_drain_expiry_ends_each_open_stream_with_one_error_event(
 
         def unanswered() -> None:
             try:
-                whole.append(httpx.post(url + "/v1/completions", timeout=30, json={
+                whole.append(loopback.post(url + "/v1/completions", timeout=30, json={
                     "model": "demo", "prompt": "hi", "max_tokens": 400}))
             except httpx.HTTPError as exc:
                 whole.append(exc)
@@ -145,7 +146,7 @@ async def test_ready_turns_unready_when_the_drain_starts(upstreams: UpstreamFact
     up = upstreams()
     settings = GatewaySettings(backends=[url_of(up)], health_interval_s=0.1)
     app = build_app(settings)
-    async with app.api.router.lifespan_context(app.api), httpx.AsyncClient(
+    async with app.api.router.lifespan_context(app.api), loopback.async_client(
         transport=httpx.ASGITransport(app=app), base_url="http://gw"
     ) as client:
         deadline = time.monotonic() + 10
@@ -163,7 +164,7 @@ async def test_ready_turns_unready_when_the_drain_starts(upstreams: UpstreamFact
 
 
 def _in_flight(url: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
+    for line in loopback.get(url + "/metrics").text.splitlines():
         if line.startswith("llmserve_requests_in_flight "):
             return float(line.split()[1])
     raise AssertionError("llmserve_requests_in_flight is not exported")
@@ -175,7 +176,7 @@ def test_requests_in_flight_counts_the_open_streams(upstreams: UpstreamFactory) 
     body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     with gateway_process(up) as (_, url):
         idle = _in_flight(url)
-        with httpx.Client(timeout=30) as client:
+        with loopback.client(timeout=30) as client:
             streams = [client.stream("POST", url + "/v1/chat/completions", json=body)
                        for _ in range(3)]
             responses = [s.__enter__() for s in streams]

@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from loadtest.__main__ import main
@@ -20,6 +19,7 @@ from loadtest.compare import wait_for
 from loadtest.errors import EXIT_USAGE, PROG, UsageError
 from loadtest.gateway_view import Counters, counters, cross_check, metrics_urls, settled
 from loadtest.settings import settings_from_args
+from tests import loopback
 from tests.cli import usage_error
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 from tests.ports import free_port
@@ -150,7 +150,7 @@ def test_cross_check_fails_beyond_the_tolerance() -> None:
 
 def _chat(url: str, model: str) -> None:
     body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
+    assert loopback.post(url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
 
 
 def test_counters_sum_every_gateway_replica(upstreams: UpstreamFactory) -> None:

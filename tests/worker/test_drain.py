@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from tests import loopback
 from tests.ports import free_port
 from tests.worker.fake_http_engine import EVENTS, GAP_S
 from worker.drain import DRAINING_CODE, DrainMiddleware
@@ -102,7 +103,7 @@ def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 def health(url: str) -> int:
     try:
-        return httpx.get(url + "/health", timeout=2).status_code
+        return loopback.get(url + "/health", timeout=2).status_code
     except httpx.TransportError:
         return 0
 
@@ -123,7 +124,7 @@ def test_launcher_drains_streams_in_flight_before_it_stops_the_engine(
     first = threading.Event()
 
     def stream() -> None:
-        with httpx.stream("POST", url + "/v1/completions", json={}, timeout=30) as r:
+        with loopback.stream("POST", url + "/v1/completions", json={}, timeout=30) as r:
             for chunk in r.iter_bytes():
                 chunks.append(chunk)
                 first.set()
@@ -134,7 +135,7 @@ def test_launcher_drains_streams_in_flight_before_it_stops_the_engine(
     started = time.monotonic()
     launcher.send_signal(signal.SIGTERM)
     wait_for(lambda: health(url) == 503, 5, "/health never turned 503")
-    r = httpx.post(url + "/v1/completions", json={}, timeout=5)
+    r = loopback.post(url + "/v1/completions", json={}, timeout=5)
     assert r.status_code == 503 and r.json()["error"]["code"] == DRAINING_CODE
     _, stderr = launcher.communicate(timeout=drain + 15)
     elapsed = time.monotonic() - started
@@ -187,7 +188,7 @@ def test_a_follower_keeps_its_stages_up_until_its_leader_has_drained(
     ended: list[float] = []
 
     def stream() -> None:
-        with httpx.stream("POST", url + "/v1/completions", json={}, timeout=30) as r:
+        with loopback.stream("POST", url + "/v1/completions", json={}, timeout=30) as r:
             for chunk in r.iter_bytes():
                 chunks.append(chunk)
                 first.set()

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tests import loopback
 from tests.ports import free_port
 from worker.launcher import group_members
 
@@ -52,7 +53,7 @@ def wait_until_ready(worker: subprocess.Popen[str], base_url: str, log: Path) ->
                 f"worker exited with {worker.returncode} before ready:\n{log.read_text()[-4000:]}"
             )
         try:
-            if httpx.get(f"{base_url}/v1/models", timeout=5).status_code == 200:
+            if loopback.get(f"{base_url}/v1/models", timeout=5).status_code == 200:
                 return
         except httpx.TransportError:
             pass

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from gateway.flow.keys import hash_key
+from tests import loopback
 from tests.gateway.conftest import RunningGateway, run_gateway
 from tests.gateway.lora_upstream import LoraReplica, serve
 
@@ -45,7 +46,7 @@ def gateway(replicas: tuple[LoraReplica, ...]) -> Iterator[RunningGateway]:
 
 def chat(gw: RunningGateway, model: str, stream: bool = False,
          headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.post(gw.url + "/v1/chat/completions", headers=headers, timeout=10, json={
+    return loopback.post(gw.url + "/v1/chat/completions", headers=headers, timeout=10, json={
         "model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream})
 
 
@@ -55,11 +56,11 @@ def answer(resp: httpx.Response) -> str:
 
 
 def models(gw: RunningGateway) -> dict[str, dict[str, object]]:
-    return {m["id"]: m for m in httpx.get(gw.url + "/v1/models").json()["data"]}
+    return {m["id"]: m for m in loopback.get(gw.url + "/v1/models").json()["data"]}
 
 
 def add(gw: RunningGateway, **body: str) -> httpx.Response:
-    return httpx.post(gw.url + "/admin/adapters", headers=AUTH, json=body, timeout=10)
+    return loopback.post(gw.url + "/admin/adapters", headers=AUTH, json=body, timeout=10)
 
 
 # --- the admin key ----------------------------------------------------------------------------
@@ -69,26 +70,26 @@ def test_the_admin_api_needs_its_key(gateway: RunningGateway) -> None:
     for headers, message in [({}, "needs the admin key"),
                              ({"authorization": "Bearer wrong-key-0123456789"}, "Incorrect"),
                              ({"authorization": f"Basic {KEY}"}, "needs the admin key")]:
-        r = httpx.get(gateway.url + "/admin/adapters", headers=headers)
+        r = loopback.get(gateway.url + "/admin/adapters", headers=headers)
         assert r.status_code == 401
         err = r.json()["error"]
         assert err["code"] == "invalid_api_key" and message in err["message"]
         assert KEY not in r.text
-    assert httpx.get(gateway.url + "/admin/adapters", headers=AUTH).status_code == 200
+    assert loopback.get(gateway.url + "/admin/adapters", headers=AUTH).status_code == 200
 
 
 def test_no_admin_key_no_admin_api(replicas: tuple[LoraReplica, ...]) -> None:
     with run_gateway(backends=[r.url for r in replicas]) as gw:
-        r = httpx.get(gw.url + "/admin/adapters", headers=AUTH)
+        r = loopback.get(gw.url + "/admin/adapters", headers=AUTH)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
 def test_the_key_by_its_digest(replicas: tuple[LoraReplica, ...]) -> None:
     with run_gateway(backends=[r.url for r in replicas],
                      admin_key_sha256=hash_key(KEY).upper()) as gw:
-        assert httpx.get(gw.url + "/admin/adapters", headers=AUTH).status_code == 200
+        assert loopback.get(gw.url + "/admin/adapters", headers=AUTH).status_code == 200
         wrong = {"authorization": "Bearer " + hash_key(KEY)}  # the digest is not the key
-        assert httpx.get(gw.url + "/admin/adapters", headers=wrong).status_code == 401
+        assert loopback.get(gw.url + "/admin/adapters", headers=wrong).status_code == 401
 
 
 # --- adapters declared by the pool --------------------------------------------------------------
@@ -107,7 +108,7 @@ def test_declared_adapters_are_listed_with_their_base_and_routed(
     missing = chat(gateway, "no-such-adapter")
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "model_not_found"
-    metrics = httpx.get(gateway.url + "/metrics").text
+    metrics = loopback.get(gateway.url + "/metrics").text
     assert f'llmserve_adapter_info{{adapter="sql",base="{BASE}"}} 1.0' in metrics
     assert 'model="sql"' in metrics  # per-adapter requests, tokens and TTFT
     assert "no-such-adapter" not in metrics  # a made-up name never becomes a label value
@@ -125,7 +126,7 @@ def test_an_added_adapter_loads_everywhere_and_survives_a_restart(
     assert all("chat" in x.loaded for x in replicas)
     assert models(gateway)["chat"]["parent"] == BASE  # routed at once, no probe period to wait
     assert {answer(chat(gateway, "chat")) for _ in range(6)} == {"chat@r0", "chat@r1"}
-    listing = httpx.get(gateway.url + "/admin/adapters", headers=AUTH).json()["data"]
+    listing = loopback.get(gateway.url + "/admin/adapters", headers=AUTH).json()["data"]
     by_name = {a["name"]: a for a in listing}
     assert by_name["chat"]["source"] == "admin" and len(by_name["chat"]["replicas"]) == 2
     assert by_name["sql"]["source"] == "replicas"
@@ -145,7 +146,7 @@ def test_a_removed_adapter_is_gone_everywhere_and_stays_gone(
     gateway: RunningGateway, replicas: tuple[LoraReplica, ...]
 ) -> None:
     assert add(gateway, name="chat", base=BASE, path="/models/adapters/chat/v3").status_code == 200
-    r = httpx.delete(gateway.url + "/admin/adapters/chat", headers=AUTH)
+    r = loopback.delete(gateway.url + "/admin/adapters/chat", headers=AUTH)
     assert r.status_code == 200 and set(r.json()["replicas"].values()) == {"unloaded"}
     assert not any("chat" in x.loaded for x in replicas)
     assert chat(gateway, "chat").json()["error"]["code"] == "model_not_found"
@@ -154,7 +155,7 @@ def test_a_removed_adapter_is_gone_everywhere_and_stays_gone(
     wait_for(lambda: models(gateway).get(BASE, {}).get("llmserve", {}).get("replicas") == 2)
     time.sleep(0.5)  # reconcile rounds: nothing to re-apply
     assert "chat" not in replicas[0].loaded and replicas[0].loads == ["chat"]
-    again = httpx.delete(gateway.url + "/admin/adapters/chat", headers=AUTH)
+    again = loopback.delete(gateway.url + "/admin/adapters/chat", headers=AUTH)
     assert again.status_code == 404 and again.json()["error"]["code"] == "model_not_found"
 
 
@@ -181,7 +182,7 @@ def test_bad_adds_are_refused_in_openai_shape(
 
 
 def test_not_json_is_a_400(gateway: RunningGateway) -> None:
-    r = httpx.post(gateway.url + "/admin/adapters", headers=AUTH, content=b"{not json")
+    r = loopback.post(gateway.url + "/admin/adapters", headers=AUTH, content=b"{not json")
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
@@ -219,6 +220,6 @@ def test_key_limits_and_tenant_accounting_apply_to_adapters(
                          'tenant="acme"}') == 6
         assert gw.metric('llmserve_tenant_tokens_total{kind="output",tenant="acme"}') == 9
         # Admitted with the base model's pool: one pool per engine set, not one per adapter.
-        assert 'llmserve_queue_time_seconds_count{pool="sql"}' not in httpx.get(
+        assert 'llmserve_queue_time_seconds_count{pool="sql"}' not in loopback.get(
             gw.url + "/metrics").text
         assert gw.metric(f'llmserve_queue_time_seconds_count{{pool="{BASE}"}}') == 3

@@ -6,10 +6,10 @@ import json
 import logging
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gateway.flow.keys import hash_key
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 KEY = "sk-test-7f3a9c"
@@ -27,26 +27,26 @@ def test_auth(upstreams: UpstreamFactory, keys_file: Path, caplog: pytest.LogCap
     up = upstreams()
     caplog.set_level(logging.DEBUG)
     with run_gateway(backends=[url_of(up)], api_keys_file=keys_file) as gw:
-        ok = httpx.post(gw.url + "/v1/completions", json=BODY,
+        ok = loopback.post(gw.url + "/v1/completions", json=BODY,
                         headers={"Authorization": f"Bearer {KEY}"})
         assert ok.status_code == 200, ok.text
         assert ok.json()["choices"][0]["text"]
 
         for headers in ({}, {"Authorization": "Bearer sk-wrong-key"},
                         {"Authorization": f"Basic {KEY}"}):
-            r = httpx.post(gw.url + "/v1/completions", json=BODY, headers=headers)
+            r = loopback.post(gw.url + "/v1/completions", json=BODY, headers=headers)
             assert r.status_code == 401
             err = r.json()["error"]
             assert err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error"
             assert set(err) == {"message", "type", "param", "code"}
             assert "sk-" not in r.text
-        assert httpx.get(gw.url + "/v1/models").status_code == 401
-        assert httpx.get(gw.url + "/v1/models",
+        assert loopback.get(gw.url + "/v1/models").status_code == 401
+        assert loopback.get(gw.url + "/v1/models",
                          headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
         # Probes and Prometheus carry no key.
         for path in ("/health", "/ready", "/metrics"):
-            assert httpx.get(gw.url + path).status_code == 200
-        assert 'llmserve_tenant_requests_total{tenant="acme"} 1.0' in httpx.get(
+            assert loopback.get(gw.url + path).status_code == 200
+        assert 'llmserve_tenant_requests_total{tenant="acme"} 1.0' in loopback.get(
             gw.url + "/metrics").text
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert KEY not in logged and "sk-wrong-key" not in logged
@@ -55,4 +55,4 @@ def test_auth(upstreams: UpstreamFactory, keys_file: Path, caplog: pytest.LogCap
 def test_no_keys_file_means_auth_off(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)]) as gw:
-        assert httpx.post(gw.url + "/v1/completions", json=BODY).status_code == 200
+        assert loopback.post(gw.url + "/v1/completions", json=BODY).status_code == 200

@@ -10,13 +10,13 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
 from bench.fake_upstream import Behaviour, start_in_thread
 from gateway.api.openapi import openapi_schema
+from tests import loopback
 from tests.gateway.conftest import run_gateway, url_of
 
 
@@ -44,7 +44,7 @@ schema = schemathesis.openapi.from_dict(served_document())
 
 
 def test_the_gateway_serves_this_document(gateway_url: str) -> None:
-    app_doc = httpx.get(gateway_url + "/openapi.json").json()
+    app_doc = loopback.get(gateway_url + "/openapi.json").json()
     assert app_doc == openapi_schema(app_doc["info"]["title"], app_doc["info"]["version"])
 
 

@@ -9,12 +9,12 @@ import logging
 import socket
 import time
 
-import httpx
 import pytest
 
 import worker.drain as worker_drain
 from bench.fake_upstream import start_in_thread
 from gateway.api.replicas import DRAINING_CODE
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -27,14 +27,14 @@ def events(text: str) -> list[str]:
 def test_stream_passes_events_through_and_strips_usage(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)]) as gw:
-        r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+        r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         evs = events(r.text)
         # role chunk + 5 tokens + finish + [DONE]; no usage chunk since the client did not ask
         assert len(evs) == 8 and evs[-1] == "data: [DONE]"
         assert not any('"usage"' in e for e in evs)
         assert gw.metric("llmserve_output_tokens_total") == 5  # counted from the stripped chunk
-        r = httpx.post(gw.url + "/v1/chat/completions",
+        r = loopback.post(gw.url + "/v1/chat/completions",
                        json={**CHAT, "stream": True, "stream_options": {"include_usage": True}})
         evs = events(r.text)
         usage = json.loads(evs[-2].removeprefix("data: "))
@@ -44,9 +44,9 @@ def test_stream_passes_events_through_and_strips_usage(upstreams: UpstreamFactor
 def test_non_stream_and_completions(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)]) as gw:
-        r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT)
+        r = loopback.post(gw.url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
-        r = httpx.post(gw.url + "/v1/completions", json={"model": "demo", "prompt": "x",
+        r = loopback.post(gw.url + "/v1/completions", json={"model": "demo", "prompt": "x",
                                                           "max_tokens": 3})
         assert r.json()["choices"][0]["text"] == " tok" * 3
         assert r.headers["x-request-id"]
@@ -64,7 +64,7 @@ def test_malformed_upstream_usage_is_unknown_not_an_error(
     with run_gateway(backends=[url_of(up)]) as gw:
         for extra in ({"stream": True, "stream_options": {"include_usage": True}},
                       {"stream": True}, {}):
-            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, **extra})
+            r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, **extra})
             assert r.status_code == 200, r.text
             if extra:
                 evs = events(r.text)
@@ -81,7 +81,7 @@ def test_malformed_upstream_usage_is_unknown_not_an_error(
 def test_models_is_the_union_of_replicas(upstreams: UpstreamFactory) -> None:
     a, b = upstreams(model="llama"), upstreams(model="qwen")
     with run_gateway(backends=[url_of(a), url_of(b)]) as gw:
-        assert {m["id"] for m in httpx.get(gw.url + "/v1/models").json()["data"]} == {
+        assert {m["id"] for m in loopback.get(gw.url + "/v1/models").json()["data"]} == {
             "llama", "qwen"}
 
 
@@ -91,7 +91,7 @@ def test_failed_replica_is_retried_elsewhere_before_first_byte(
     bad, good = upstreams(fail_status=500), upstreams()
     with run_gateway(backends=[url_of(bad), url_of(good)], retries=1) as gw:
         for _ in range(4):
-            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+            r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
             assert r.status_code == 200 and events(r.text)[-1] == "data: [DONE]"
         assert good.completions == 4
 
@@ -107,14 +107,14 @@ def test_a_draining_replica_is_taken_out_at_its_first_refusal(upstreams: Upstrea
         deadline = time.monotonic() + 10
         while draining.completions == 0:  # until the policy has picked it once
             assert time.monotonic() < deadline
-            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+            r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
             assert r.status_code == 200 and events(r.text)[-1] == "data: [DONE]"
         for _ in range(6):
-            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+            r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
             assert r.status_code == 200
         assert draining.completions == 1
         assert gw.metric("llmserve_upstream_retries_total") == 1
-        up = httpx.get(gw.url + "/metrics").text
+        up = loopback.get(gw.url + "/metrics").text
         assert f'llmserve_backend_up{{backend="{url_of(draining)}"}} 0.0' in up
 
 
@@ -127,7 +127,7 @@ def test_stream_broken_after_first_byte_ends_with_one_error_event(
 ) -> None:
     up = upstreams(drop_after=3)
     with run_gateway(backends=[url_of(up)], retries=1) as gw:
-        r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+        r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
         evs = events(r.text)
         assert r.status_code == 200
         assert "data: [DONE]" not in evs
@@ -141,7 +141,7 @@ def test_stream_broken_after_first_byte_ends_with_one_error_event(
 def test_upstream_5xx_everywhere_is_502_in_openai_shape(upstreams: UpstreamFactory) -> None:
     a, b = upstreams(fail_status=503), upstreams(fail_status=500)
     with run_gateway(backends=[url_of(a), url_of(b)], retries=1) as gw:
-        r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT)
+        r = loopback.post(gw.url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
 
 
@@ -166,7 +166,7 @@ def test_failures_show_no_internal_address_or_upstream_body_but_log_them(
     with caplog.at_level(logging.WARNING), run_gateway(backends=[backend], retries=0,
                                                        health_interval_s=60) as gw:
         stack.close()
-        r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": case == "cut"})
+        r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": case == "cut"})
     rid = r.headers["x-request-id"]
     body = r.text
     port = backend.rsplit(":", 1)[1]
@@ -183,7 +183,7 @@ def test_failures_show_no_internal_address_or_upstream_body_but_log_them(
 def test_upstream_4xx_passes_through_in_openai_shape(upstreams: UpstreamFactory) -> None:
     up = upstreams(fail_status=400)
     with run_gateway(backends=[url_of(up)]) as gw:
-        r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT)
+        r = loopback.post(gw.url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 400
         assert r.json()["error"]["message"] == "scripted failure"
 
@@ -194,7 +194,7 @@ def test_first_byte_timeout_is_504(upstreams: UpstreamFactory) -> None:
                      timeouts={"connect_s": 1, "first_byte_s": 0.3, "idle_s": 20,
                                "total_s": 30}) as gw:
         t0 = time.monotonic()
-        r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30)
+        r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30)
         assert time.monotonic() - t0 < 5  # the 0.3 s deadline, not the 10 s first token
         assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
 
@@ -204,10 +204,10 @@ def test_no_healthy_backend_is_503_with_retry_after() -> None:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     with run_gateway(backends=[dead], expect_ready=False) as gw:
-        assert httpx.get(gw.url + "/ready").status_code == 503
-        r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT)
+        assert loopback.get(gw.url + "/ready").status_code == 503
+        r = loopback.post(gw.url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
-        text = httpx.get(gw.url + "/metrics").text
+        text = loopback.get(gw.url + "/metrics").text
         assert f'llmserve_backend_up{{backend="{dead}"}} 0.0' in text
         assert f'llmserve_backend_outstanding_requests{{backend="{dead}"}} 0.0' in text
 
@@ -216,10 +216,10 @@ def test_unknown_model_is_404(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)]) as gw:
         for name in ("nope", "nope-2", "nope-3"):
-            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "model": name})
+            r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "model": name})
             assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
         # Made-up names share one `unknown` series instead of minting one each.
-        text = httpx.get(gw.url + "/metrics").text
+        text = loopback.get(gw.url + "/metrics").text
         assert "nope" not in text
         assert gw.metric('llmserve_requests_total{backend="",model="unknown",status="404"}') == 3
 
@@ -227,8 +227,8 @@ def test_unknown_model_is_404(upstreams: UpstreamFactory) -> None:
 def test_ttft_is_recorded_for_streams_only(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)]) as gw:
-        assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
-        stream = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+        assert loopback.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
+        stream = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
         assert stream.status_code == 200
         # The whole answer feeds E2E only; the stream feeds both.
         assert gw.metric("llmserve_ttft_seconds_count") == 1
@@ -242,12 +242,12 @@ def test_oversized_body_is_413_counted_not_trusted(upstreams: UpstreamFactory,
     with run_gateway(backends=[url_of(up)], max_body_bytes=4096) as gw:
         body = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 10_000}]})
         if declared:
-            r = httpx.post(gw.url + "/v1/chat/completions", content=body)
+            r = loopback.post(gw.url + "/v1/chat/completions", content=body)
         else:  # chunked: no Content-Length to trust, the limit is counted on the stream
-            r = httpx.post(gw.url + "/v1/chat/completions",
+            r = loopback.post(gw.url + "/v1/chat/completions",
                            content=iter([body[:3000].encode(), body[3000:].encode()]))
         assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
-        assert httpx.get(gw.url + "/health").status_code == 200
+        assert loopback.get(gw.url + "/health").status_code == 200
 
 
 @pytest.mark.parametrize("edge", [True, False], ids=["edge", "plain"])
@@ -281,7 +281,7 @@ def test_a_declared_length_cannot_smuggle_a_bigger_body_past_the_limit(
         status = int(answer.split(b" ", 2)[1])
         assert 400 <= status < 500, answer[:300]
         assert up.completions == 0
-        assert httpx.get(gw.url + "/health").status_code == 200
+        assert loopback.get(gw.url + "/health").status_code == 200
 
 
 @pytest.mark.parametrize("edge", [True, False], ids=["edge-callback", "plain-watcher"])
@@ -291,7 +291,7 @@ def test_client_disconnect_mid_stream_closes_the_upstream(
     # The edge protocol reports the hang-up from connection_lost; under uvicorn's plain protocol
     # the proxy's watcher task hears it from receive(). Either way the upstream is dropped.
     up = upstreams(token_delay_s=0.05)
-    with run_gateway(backends=[url_of(up)], edge=edge) as gw, httpx.Client() as c:
+    with run_gateway(backends=[url_of(up)], edge=edge) as gw, loopback.client() as c:
         with c.stream("POST", gw.url + "/v1/chat/completions",
                       json={**CHAT, "max_tokens": 200, "stream": True}) as r:
             it = r.iter_bytes()
@@ -321,7 +321,7 @@ def test_client_disconnect_before_the_first_token_closes_the_upstream(
         while up.aborted == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert up.aborted == 1
-        assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
+        assert loopback.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
 
 
 def test_client_disconnect_with_a_pipelined_request_behind_closes_the_upstream(
@@ -351,7 +351,7 @@ def test_terminator_after_done_in_a_later_read_keeps_the_upstream_connection(
     disconnect watcher must not take that for a hang-up and abort the upstream connection while
     the proxy still reads the chunked terminator that came after [DONE]."""
     up = upstreams(end_delay_s=0.05)
-    with run_gateway(backends=[url_of(up)]) as gw, httpx.Client() as c:
+    with run_gateway(backends=[url_of(up)]) as gw, loopback.client() as c:
         body = {**CHAT, "stream": True}
         assert c.post(gw.url + "/v1/chat/completions", json=body).status_code == 200
         time.sleep(0.1)  # the terminator came and the connection is back in the pool
@@ -375,7 +375,7 @@ def test_a_stream_is_counted_when_the_client_has_done_not_at_the_upstream_termin
     up = upstreams(end_delay_s=1.0)
     with run_gateway(backends=[url_of(up)]) as gw:
         t0 = time.monotonic()
-        r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+        r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
         assert events(r.text)[-1] == "data: [DONE]"
         assert time.monotonic() - t0 < 0.9  # the client did not wait for the terminator
         assert gw.metric("llmserve_ttft_seconds_count") == 1
@@ -396,7 +396,7 @@ def test_itl_and_tpot_follow_vllm_bench_serve(
     body = {**CHAT, "stream": True, **({"stream_options": {"include_usage": True}} if usage else {})}
     with run_gateway(backends=[url_of(up)]) as gw:
         for _ in range(3):
-            r = httpx.post(gw.url + "/v1/chat/completions", json=body)
+            r = loopback.post(gw.url + "/v1/chat/completions", json=body)
             with_choices = [e for e in events(r.text) if '"choices":[{' in e.replace(" ", "")]
             assert len(with_choices) == 7  # role + 5 tokens + finish
         assert gw.metric("llmserve_itl_seconds_count") == 3 * 6
@@ -425,7 +425,7 @@ def test_prefix_affinity_keeps_a_conversation_and_a_session_key_on_one_replica(
             before = [u.completions for u in ups]
             for turn in range(3):
                 messages.append({"role": "user", "content": f"turn {turn}"})
-                r = httpx.post(gw.url + "/v1/chat/completions",
+                r = loopback.post(gw.url + "/v1/chat/completions",
                                json={**CHAT, "messages": messages})
                 assert r.status_code == 200
                 messages.append({"role": "assistant", "content": "fine " * 30})
@@ -434,9 +434,9 @@ def test_prefix_affinity_keeps_a_conversation_and_a_session_key_on_one_replica(
         for key in ("alice", "bob", "carol"):  # explicit keys: the header, then `user`
             before = [u.completions for u in ups]
             for i in range(3):
-                r = httpx.post(gw.url + "/v1/chat/completions", headers={"x-session-id": key},
+                r = loopback.post(gw.url + "/v1/chat/completions", headers={"x-session-id": key},
                                json={**CHAT, "messages": [{"role": "user", "content": str(i)}]})
-                r2 = httpx.post(gw.url + "/v1/completions",
+                r2 = loopback.post(gw.url + "/v1/completions",
                                 json={"model": "demo", "prompt": "x" * i, "user": key + "!"})
                 assert r.status_code == r2.status_code == 200
             served = [u.completions - b for u, b in zip(ups, before, strict=True)]

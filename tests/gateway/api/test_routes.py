@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from pydantic import ValidationError
 
 from gateway.settings import GatewaySettings
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 
@@ -17,7 +17,7 @@ def test_models_carry_replicas_and_declared_layouts(upstreams: UpstreamFactory) 
                {"name": "a", "model": "m-tp", "tp": 2}, {"name": "b", "model": "m-tp", "tp": 4}]
     with run_gateway(backends=[url_of(tp1), url_of(tp2), url_of(pp)],
                      pools=layouts) as gw:
-        data = {m["id"]: m for m in httpx.get(gw.url + "/v1/models").json()["data"]}
+        data = {m["id"]: m for m in loopback.get(gw.url + "/v1/models").json()["data"]}
     assert data["m-tp"]["llmserve"] == {"replicas": 2}  # no one layout: replicas only
     assert data["m-pp"]["llmserve"] == {"replicas": 1, "tp": 1, "pp": 2, "nodes": 2}
     assert data["m-pp"]["object"] == "model"

@@ -13,6 +13,7 @@ import pytest
 
 from gateway.api import stream
 from gateway.api.splice import Splice
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -92,7 +93,7 @@ def test_direct_writes_and_asgi_give_the_same_stream(
     seen = {}
     for edge in (True, False):
         with run_gateway(backends=[url_of(up)], edge=edge) as gw:
-            r = httpx.post(gw.url + "/v1/chat/completions", json=body,
+            r = loopback.post(gw.url + "/v1/chat/completions", json=body,
                            headers={"x-request-id": "abc-123"})
             head = sorted((k, v) for k, v in r.headers.items() if k != "date")
             seen[edge] = ([e for e in r.text.split("\n\n") if e.strip()], head,

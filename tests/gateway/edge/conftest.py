@@ -7,11 +7,11 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import httpx
 import orjson
 import pytest
 
 from bench.fake_upstream import Behaviour, FakeUpstream, start_in_thread
+from tests import loopback
 from tests.gateway.conftest import gateway_process
 from tests.ports import free_port
 
@@ -41,7 +41,7 @@ class Gateway:
         return f"http://127.0.0.1:{self.probe}"
 
     def metric(self, name: str, label: str = "") -> float:
-        lines = httpx.get(self.probe_url + "/metrics").text.splitlines()
+        lines = loopback.get(self.probe_url + "/metrics").text.splitlines()
         return sum(float(line.rsplit(" ", 1)[1]) for line in lines
                    if line.startswith(name) and label in line)
 

@@ -10,20 +10,20 @@ import sys
 import threading
 import time
 
-import httpx
 import pytest
 
 from bench.fake_upstream import Behaviour, start_in_thread
 from gateway.settings import EdgeSettings, GatewaySettings
+from tests import loopback
 from tests.gateway.edge.conftest import Gateway, edge_gateway
 from tests.ports import free_port
 
 
 def test_the_probe_port_serves_probes_only(gw: Gateway) -> None:
-    assert httpx.get(gw.probe_url + "/health").json() == {"status": "ok"}
-    assert httpx.get(gw.probe_url + "/ready").status_code == 200
-    assert "llmserve_connections_open" in httpx.get(gw.probe_url + "/metrics").text
-    r = httpx.get(gw.probe_url + "/v1/models")
+    assert loopback.get(gw.probe_url + "/health").json() == {"status": "ok"}
+    assert loopback.get(gw.probe_url + "/ready").status_code == 200
+    assert "llmserve_connections_open" in loopback.get(gw.probe_url + "/metrics").text
+    r = loopback.get(gw.probe_url + "/v1/models")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
@@ -37,7 +37,7 @@ def test_the_probe_port_answers_through_the_drain() -> None:
         done: dict[str, str] = {}
 
         def stream() -> None:
-            done["text"] = httpx.post(gw.url + "/v1/chat/completions", timeout=30, json={
+            done["text"] = loopback.post(gw.url + "/v1/chat/completions", timeout=30, json={
                 "model": "demo", "stream": True, "max_tokens": 40,
                 "messages": [{"role": "user", "content": "hi"}]}).text
 
@@ -46,10 +46,10 @@ def test_the_probe_port_answers_through_the_drain() -> None:
         time.sleep(0.3)
         os.kill(gw.pid, signal.SIGTERM)
         time.sleep(0.3)
-        ready = httpx.get(gw.probe_url + "/ready")
+        ready = loopback.get(gw.probe_url + "/ready")
         assert ready.status_code == 503
         assert ready.json()["error"]["message"] == "gateway is draining"
-        assert httpx.get(gw.probe_url + "/health").status_code == 200
+        assert loopback.get(gw.probe_url + "/health").status_code == 200
         t.join(30)
         assert done["text"].rstrip().endswith("data: [DONE]")
         assert gw.proc.wait(15) in (0, -signal.SIGTERM)

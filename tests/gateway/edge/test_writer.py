@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
-
 from gateway.edge.writer import ConnectionWriter
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -51,7 +50,7 @@ def test_the_hang_up_reaches_the_second_request_of_a_keep_alive_connection(
     # comes 0.5 s after [DONE]. Meanwhile the second request on the same connection registers for
     # the connection's hang-up; the first one's end must not unregister it.
     up = upstreams(token_delay_s=0.05, end_delay_s=0.5)
-    with run_gateway(backends=[url_of(up)]) as gw, httpx.Client() as c:
+    with run_gateway(backends=[url_of(up)]) as gw, loopback.client() as c:
         r = c.post(gw.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 2})
         assert r.text.rstrip().endswith("data: [DONE]")
         with c.stream("POST", gw.url + "/v1/chat/completions",

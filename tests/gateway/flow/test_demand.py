@@ -7,8 +7,6 @@ import asyncio
 import contextlib
 import time
 
-import httpx
-
 from gateway.flow.admission import Admission
 from gateway.flow.demand import Demand
 from gateway.metrics import GatewayMetrics
@@ -17,6 +15,7 @@ from gateway.routing.policy import LeastOutstanding
 from gateway.routing.router import Router
 from gateway.routing.wake import WakeGate
 from gateway.settings import FlowSettings
+from tests import loopback
 from tests.autoscaler import pool_gauge, sample_value
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
@@ -64,7 +63,7 @@ async def test_a_running_pools_demand_through_a_gateway(upstreams: UpstreamFacto
     with run_gateway(backends=[url_of(up)]) as gw:
         assert pool_gauge(gw.url, "llmserve_pool_demand", "demo") == 0  # before any request
         assert pool_gauge(gw.url, "llmserve_pool_ready_replicas", "demo") == 1
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as client:
             tasks = [asyncio.create_task(client.post("/v1/completions", json=STREAM))
                      for _ in range(3)]
             deadline = time.monotonic() + 5

@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
 
@@ -17,7 +18,7 @@ async def test_concurrent_completions_share_upstream_calls_and_get_their_own_ans
     up = upstreams(token_delay_s=0.02)
     batch = {"enabled": True, "max_size": 16, "max_delay_s": 0.05}
     with run_gateway(backends=[url_of(up)], batch=batch, flow={"enabled": False}) as gw:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as c:
 
             async def one(i: int) -> httpx.Response:
                 return await c.post("/v1/completions", json={
@@ -41,7 +42,7 @@ async def test_concurrent_completions_share_upstream_calls_and_get_their_own_ans
 def test_streaming_and_disabled_batching_go_straight_through(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)], flow={"enabled": False}) as gw:  # default: off
-        r = httpx.post(gw.url + "/v1/completions",
+        r = loopback.post(gw.url + "/v1/completions",
                        json={"model": "demo", "prompt": "x", "max_tokens": 4})
         assert r.status_code == 200
         assert up.last_request is not None and up.last_request["prompt"] == "x"
@@ -53,8 +54,8 @@ def test_made_up_models_through_the_batcher_mint_no_series(upstreams: UpstreamFa
     batch = {"enabled": True, "max_size": 4, "max_delay_s": 0.01}
     with run_gateway(backends=[url_of(up)], batch=batch) as gw:
         for name in ("nope-1", "nope-2"):
-            r = httpx.post(gw.url + "/v1/completions",
+            r = loopback.post(gw.url + "/v1/completions",
                            json={"model": name, "prompt": "x", "max_tokens": 4})
             assert r.status_code in (404, 503), r.text
-        text = httpx.get(gw.url + "/metrics").text
+        text = loopback.get(gw.url + "/metrics").text
         assert "nope" not in text

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from gateway.flow.keys import hash_key
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 from tests.ports import free_port
 
@@ -46,7 +47,7 @@ def test_rpm_limit_is_429_fast_with_retry_after(upstreams: UpstreamFactory,
                                                 tmp_path: Path) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)], api_keys_file=keys(tmp_path, rpm=3)) as gw:
-        with httpx.Client(base_url=gw.url) as c:
+        with loopback.client(base_url=gw.url) as c:
             for _ in range(3):
                 assert c.post("/v1/completions", json=BODY, headers=auth("sk-small")).is_success
             sent = up.completions
@@ -63,7 +64,7 @@ def test_rpm_limit_is_429_fast_with_retry_after(upstreams: UpstreamFactory,
 def test_tpm_counts_streamed_usage(upstreams: UpstreamFactory, tmp_path: Path) -> None:
     up = upstreams(tokens=50)
     with run_gateway(backends=[url_of(up)], api_keys_file=keys(tmp_path, tpm=60)) as gw:
-        with httpx.Client(base_url=gw.url) as c:
+        with loopback.client(base_url=gw.url) as c:
             stream = {**BODY, "stream": True, "max_tokens": 80}
             r = c.post("/v1/completions", json=stream, headers=auth("sk-small"))
             assert r.status_code == 200 and "[DONE]" in r.text
@@ -83,7 +84,7 @@ async def test_overload_is_503_fast_and_admitted_ones_succeed(upstreams: Upstrea
     settings = {"initial_limit": 2, "min_limit": 1, "max_limit": 2, "max_queue": 2,
                 "queue_timeout_s": 1.0, "ttft_target_s": 5.0, "scrape_engines": False}
     with run_gateway(backends=[url_of(up)], flow=settings) as gw:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as c:
 
             async def one() -> tuple[int, float, httpx.Response]:
                 t0 = time.perf_counter()
@@ -111,7 +112,7 @@ def test_the_pool_ceiling_follows_the_replicas(upstreams: UpstreamFactory) -> No
     # Two replicas of "demo": the limit may grow to max_limit on each (flow/admission.py).
     ups = [upstreams(), upstreams()]
     with run_gateway(backends=[url_of(u) for u in ups], flow={"max_limit": 100}) as gw:
-        assert httpx.post(gw.url + "/v1/completions", json=BODY).status_code == 200
+        assert loopback.post(gw.url + "/v1/completions", json=BODY).status_code == 200
         deadline = time.monotonic() + 5
         while (gw.metric('llmserve_concurrency_limit_ceiling{pool="demo"}') != 200
                and time.monotonic() < deadline):
@@ -122,7 +123,7 @@ def test_the_pool_ceiling_follows_the_replicas(upstreams: UpstreamFactory) -> No
 def test_flow_off_passes_everything(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)], flow={"enabled": False}) as gw:
-        assert httpx.post(gw.url + "/v1/completions", json=BODY).status_code == 200
+        assert loopback.post(gw.url + "/v1/completions", json=BODY).status_code == 200
         assert gw.metric("llmserve_queue_time_seconds_count") == 0
 
 
@@ -145,7 +146,7 @@ async def test_slow_reader_memory_is_bounded(upstreams: UpstreamFactory) -> None
         url_of(up), "--health-interval-s", "0.2", "--log-level", "warning",
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        async with httpx.AsyncClient() as c:
+        async with loopback.async_client() as c:
             for _ in range(100):
                 with contextlib.suppress(httpx.TransportError):
                     if (await c.get(f"http://127.0.0.1:{port}/ready")).status_code == 200:
@@ -178,7 +179,7 @@ async def test_a_request_pushed_out_of_the_queue_is_answered_at_once(
     flow = {"initial_limit": 2, "min_limit": 1, "max_limit": 2, "max_queue": 2,
             "queue_timeout_s": 3.0, "ttft_target_s": 4.0, "scrape_engines": False}
     with run_gateway(backends=[url_of(up)], api_keys_file=keys(tmp_path), flow=flow) as gw:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as c:
             def send(key: str) -> asyncio.Task[httpx.Response]:
                 return asyncio.create_task(c.post("/v1/completions", headers=auth(key),
                                                   json={**BODY, "stream": True,
@@ -214,7 +215,7 @@ async def test_whole_answers_teach_the_limit_too(upstreams: UpstreamFactory) -> 
     up = upstreams(token_delay_s=0.002)  # 4 tokens: ~8 ms per answer
     flow = {"initial_limit": 2, "min_limit": 1, "max_limit": 64, "scrape_engines": False}
     with run_gateway(backends=[url_of(up)], flow=flow) as gw:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as c:
             async def client() -> int:
                 ok = 0
                 for _ in range(15):

@@ -22,6 +22,7 @@ from gateway.flow.keys import ApiKey, hash_key
 from gateway.flow.tenants import Tenants
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, url_of
 from tests.ports import free_port
 from tests.redisserver import RedisServer, redis_server
@@ -62,7 +63,7 @@ def gateway_process(backend: str, keys: Path, **flow: str) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while True:
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                if loopback.get(url + "/ready", timeout=1).status_code == 200:
                     break
             if proc.poll() is not None or time.monotonic() > deadline:
                 err = proc.stderr.read().decode() if proc.stderr else ""
@@ -85,7 +86,7 @@ async def _burst(urls: list[str], n: int) -> tuple[list[int], list[int], float]:
     statuses: list[list[int]] = [[] for _ in urls]
     sem = asyncio.Semaphore(8)
     headers = {"Authorization": f"Bearer {KEY}"}
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with loopback.async_client(timeout=10) as client:
 
         async def one(i: int) -> None:
             async with sem:
@@ -136,7 +137,7 @@ async def test_gateway_keeps_serving_when_redis_dies(
     headers = {"Authorization": f"Bearer {KEY}"}
     with gateway_process(url_of(up), keys, limits_redis_url=redis.url,
                          limits_redis_fail=mode) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        async with loopback.async_client(base_url=url, timeout=10) as client:
             assert (await client.post("/v1/completions", json=BODY, headers=headers)).is_success
             redis.stop()
             answers = [await client.post("/v1/completions", json=BODY, headers=headers)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
-
 from gateway.routing.retry_budget import RetryBudget
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 from tests.gateway.flow.conftest import FakeClock
 
@@ -38,7 +37,7 @@ async def test_brownout_retries_stay_in_budget_and_clients_succeed(
     n, concurrency = 400, 8
     with run_gateway(backends=[url_of(good), url_of(brown)], retries=1,
                      flow={"enabled": False}) as gw:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as c:
             async def client(k: int) -> list[int]:
                 out = []
                 for i in range(n // concurrency):

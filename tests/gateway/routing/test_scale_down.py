@@ -13,11 +13,11 @@ import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
 
-import httpx
 import pytest
 
 from gateway.routing import factory
 from gateway.settings import GatewaySettings, PoolLayout
+from tests import loopback
 from tests.autoscaler import pool_gauge
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
@@ -68,7 +68,7 @@ def wait_for(predicate: object, timeout_s: float = 5.0) -> None:
 
 
 def up(gw_url: str, backend: str) -> bool:
-    text = httpx.get(gw_url + "/metrics").text
+    text = loopback.get(gw_url + "/metrics").text
     return f'llmserve_backend_up{{backend="{backend}"}} 1.0' in text
 
 
@@ -77,7 +77,7 @@ def stream_in_background(gw_url: str) -> tuple[threading.Thread, list[str], thre
     first = threading.Event()
 
     def run() -> None:
-        with httpx.stream("POST", gw_url + "/v1/completions", json=STREAM, timeout=30) as r:
+        with loopback.stream("POST", gw_url + "/v1/completions", json=STREAM, timeout=30) as r:
             out.append(str(r.status_code))
             for chunk in r.iter_text():
                 out.append(chunk)
@@ -101,9 +101,9 @@ def test_a_replica_leaving_finishes_its_streams_and_takes_no_new_request(
         discovery[0].put(url_of(a), url_of(b))
         wait_for(lambda: up(gw.url, url_of(b)))
         discovery[0].put(url_of(b))  # a's pod terminates: its endpoint is no longer ready
-        wait_for(lambda: f'backend="{url_of(a)}"' not in httpx.get(gw.url + "/metrics").text)
+        wait_for(lambda: f'backend="{url_of(a)}"' not in loopback.get(gw.url + "/metrics").text)
         for _ in range(5):
-            r = httpx.post(gw.url + "/v1/completions", json={**STREAM, "stream": False})
+            r = loopback.post(gw.url + "/v1/completions", json={**STREAM, "stream": False})
             assert r.status_code == 200
         reader.join(10)
         assert out[0] == "200" and "".join(out[1:]).endswith("data: [DONE]\n\n")

@@ -18,6 +18,7 @@ import httpx
 from bench.fake_upstream import start_fake_upstream
 from gateway.flow.keys import hash_key
 from gateway.settings import PoolLayout
+from tests import loopback
 from tests.autoscaler import Autoscaler, pool_gauge, sample_value
 from tests.gateway.conftest import RunningGateway, run_gateway
 from tests.ports import free_port
@@ -64,7 +65,7 @@ async def test_requests_wait_counted_in_the_signal_and_are_served_when_a_replica
         def scale(n: int) -> None:
             replicas.enter_context(start_fake_upstream(port=port, model=MODEL, tokens=4))
 
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as client:
             # Listed and ready with no replica: the model is known, the gateway takes its
             # requests.
             models = (await client.get("/v1/models")).json()["data"]
@@ -88,7 +89,7 @@ async def test_requests_wait_counted_in_the_signal_and_are_served_when_a_replica
 async def test_every_waiter_shows_in_the_signal() -> None:
     # How soon, on the real engine: tests/e2e/test_autoscaling.py (within a second).
     with contextlib.ExitStack() as replicas, gateway_at_zero(30) as (gw, port):
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as client:
             tasks = [asyncio.create_task(stream(client)) for _ in range(8)]
             await asyncio.to_thread(wait_for, lambda: demand(gw) == 8)
             replicas.enter_context(start_fake_upstream(port=port, model=MODEL, tokens=4))
@@ -100,7 +101,7 @@ async def test_every_waiter_shows_in_the_signal() -> None:
 async def test_past_the_wake_budget_every_request_gets_503_with_retry_after() -> None:
     budget = 0.6
     with gateway_at_zero(budget) as (gw, _):
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as client:
             t0 = time.monotonic()
             results = await asyncio.gather(*(stream(client) for _ in range(8)))
             elapsed = time.monotonic() - t0
@@ -118,7 +119,7 @@ async def test_past_the_wake_budget_every_request_gets_503_with_retry_after() ->
 
 async def test_a_client_that_leaves_while_waiting_leaves_the_signal() -> None:
     with gateway_at_zero(30) as (gw, _):
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as client:
             task = asyncio.create_task(stream(client))
             wait_until = time.monotonic() + 2
             while demand(gw) != 1:
@@ -135,12 +136,12 @@ def test_a_pool_not_declared_scalable_to_zero_keeps_the_fast_503() -> None:
     layout = [PoolLayout(name="p", model=MODEL)]  # a layout, not a scale-to-zero declaration
     with run_gateway(backends=[f"http://127.0.0.1:{port}"], pools=layout,
                      expect_ready=False) as gw:
-        assert httpx.get(gw.url + "/ready").status_code == 503
+        assert loopback.get(gw.url + "/ready").status_code == 503
         t0 = time.monotonic()
-        r = httpx.post(gw.url + "/v1/chat/completions", json=STREAM, timeout=10)
+        r = loopback.post(gw.url + "/v1/chat/completions", json=STREAM, timeout=10)
         assert r.status_code == 503 and time.monotonic() - t0 < 0.5
         assert r.json()["error"]["code"] == "service_unavailable"
-        assert httpx.get(gw.url + "/v1/models").json()["data"] == []
+        assert loopback.get(gw.url + "/v1/models").json()["data"] == []
 
 
 def test_without_flow_control_the_wait_works_the_same() -> None:
@@ -149,7 +150,7 @@ def test_without_flow_control_the_wait_works_the_same() -> None:
     ):
         with Autoscaler(gw.url, MODEL, lambda n: replicas.enter_context(
                 start_fake_upstream(port=port, model=MODEL, tokens=4)), poll_s=0.05) as scaler:
-            r = httpx.post(gw.url + "/v1/chat/completions", json={**STREAM, "stream": False},
+            r = loopback.post(gw.url + "/v1/chat/completions", json={**STREAM, "stream": False},
                            timeout=30)
         assert r.status_code == 200, r.text
         assert scaler.replicas == 1
@@ -163,7 +164,7 @@ async def test_per_key_limits_refuse_before_the_wait(tmp_path: Path) -> None:
     keys.write_text(json.dumps({"keys": [{"tenant": "t", "sha256": hash_key(key), "rpm": 1}]}))
     auth = {"Authorization": f"Bearer {key}"}
     with gateway_at_zero(30, api_keys_file=keys) as (gw, port), contextlib.ExitStack() as up:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as client:
             first = asyncio.create_task(stream(client, auth))
             await asyncio.to_thread(wait_for, lambda: demand(gw) == 1)
             t0 = time.monotonic()
