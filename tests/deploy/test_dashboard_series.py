@@ -24,7 +24,8 @@ from tests.dashboardquery import ALL, instant, resolve
 from tests.prometheusserver import PrometheusServer, Target, prometheus_server
 from tests.syntheticexporter import Series, synthetic_exporter
 
-pytestmark = pytest.mark.prometheus
+# A real Prometheus scraping for several seconds before the first query: full tier only.
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 NS = "inference"
 RATE = "3s"  # $__rate_interval; the data must cover it (see `scraped`)

@@ -11,6 +11,9 @@ from devstack.procs import Proc
 from devstack.stack import Stalled, wait_http_ok
 from tests.ports import free_port
 
+# Real processes watched over windows of seconds (the stall rule's 2 s): full tier only.
+pytestmark = pytest.mark.slow
+
 SILENT = "import time; print('started', flush=True); time.sleep(30)"
 CHATTY = "import time\nwhile True:\n    print('compiling', flush=True); time.sleep(0.2)"
 # Compiles in silence: no log line, but CPU used all along (a start starved of CPU looks alike).

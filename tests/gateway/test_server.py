@@ -221,6 +221,7 @@ class _KeepAliveClient:
             self._sock = None
 
 
+@pytest.mark.slow  # 220 streamed requests with the collector off: seconds
 def test_requests_leave_no_reference_cycles_for_the_collector() -> None:
     """Each request's objects are freed by reference counting as it ends, abandoned ones too.
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 import time
 
+import pytest
+
 from tests.gateway.conftest import UpstreamFactory, gateway_process, run_gateway, url_of
 
 _KEEP_ALIVE_S = 0.6
@@ -32,6 +34,7 @@ def _closed_within(s: socket.socket, seconds: float) -> float | None:
         return None
 
 
+@pytest.mark.slow  # waits out the keep-alive timeout 6 times over: seconds of real time
 def test_idle_connections_close_after_the_keep_alive_timeout_and_busy_ones_never(
         upstreams: UpstreamFactory) -> None:
     with run_gateway(backends=[url_of(upstreams())], keep_alive_s=_KEEP_ALIVE_S) as gw:
