@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 
 from tests import loopback
 from tests.ports import free_port
@@ -108,6 +109,7 @@ def health(url: str) -> int:
         return 0
 
 
+@pytest.mark.slow  # launcher and engine processes, a stream of seconds: ~3 s
 def test_launcher_drains_streams_in_flight_before_it_stops_the_engine(
     tmp_path: Path, spawner: Spawner, make_model_dir: Callable[..., Path]
 ) -> None:
@@ -153,6 +155,7 @@ def test_launcher_drains_streams_in_flight_before_it_stops_the_engine(
     assert EVENTS * GAP_S > 1  # the stream outlived the signal by a measurable margin
 
 
+@pytest.mark.slow  # launcher and engine processes, a stream of seconds: ~3 s
 def test_a_follower_keeps_its_stages_up_until_its_leader_has_drained(
     tmp_path: Path, spawner: Spawner, make_model_dir: Callable[..., Path]
 ) -> None:
