@@ -1,4 +1,4 @@
-"""`python -m worker plan`: which TP x PP x DP layouts fit a model on a cluster, and how fast.
+"""`llmserve-worker plan` (`python -m worker plan`): which TP x PP x DP layouts fit a model on a cluster, and how fast.
 
     python -m worker plan MODEL_DIR_OR_CONFIG --gpu A100-80GB --gpus-per-node 8 --nodes 2 \\
         [--dtype bfloat16] [--max-model-len N] [--gpu-memory-utilization 0.9] \\
@@ -50,6 +50,7 @@ from worker.rules import (
     pool_name,
 )
 
+PROG = "llmserve-worker plan"
 GB = 1e9
 
 
@@ -250,7 +251,7 @@ def helm_values(spec: ModelSpec, layout: Layout, args: argparse.Namespace) -> st
             " GPU(s)")
     probe = pool["startupProbe"]
     head = [
-        (f"# python -m worker plan: TP={layout.tp} x PP={layout.pp}, {layout.dp} replica(s), "
+        (f"# {PROG}: TP={layout.tp} x PP={layout.pp}, {layout.dp} replica(s), "
          f"each {pods}; {layout.gpu_mem_bytes / GB:.1f} GB per GPU before the KV cache."),
         (f"# Start-up probe: {probe['periodSeconds']} s x {probe['failureThreshold']} covers "
          f"loading the weights at {args.load_gbs:g} GB/s (--load-gbs) plus "
@@ -264,7 +265,7 @@ def helm_values(spec: ModelSpec, layout: Layout, args: argparse.Namespace) -> st
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"worker plan: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _positive(text: str) -> float:
@@ -278,7 +279,7 @@ def _positive(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m worker plan", description=__doc__,
+    p = _Parser(prog=PROG, description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=Path, metavar="MODEL_DIR_OR_CONFIG",
                    help="a model directory (config.json, safetensors for real tensor sizes) or "
@@ -411,7 +412,7 @@ def main(argv: list[str]) -> int:
         else:
             print(_table(spec, layouts, gpu, args))
     except LayoutError as exc:
-        print(f"worker plan: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         sys.stdout = open("/dev/null", "w")  # noqa: SIM115 - stdout's own close would fail again

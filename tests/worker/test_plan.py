@@ -295,7 +295,7 @@ def test_helm_values_validate_against_the_chart_schema() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["nowhere/config.json", "--gpu", "L4"], "worker plan: error: cannot read"),
+        (["nowhere/config.json", "--gpu", "L4"], "llmserve-worker plan: error: cannot read"),
         ([str(QWEN)], "give --gpu, or --gpu-mem-gb with --gpu-bw-gbs"),
         ([str(QWEN), "--gpu", "B300"], "invalid choice: 'B300'"),
         ([str(QWEN), "--gpu", "L4", "--nodes", "0"], "--nodes must be at least 1"),
