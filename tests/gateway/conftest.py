@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -20,6 +19,7 @@ from gateway.edge import Edge, EdgeProtocol
 from gateway.settings import GatewaySettings
 from tests import loopback
 from tests.ports import free_port
+from tests.threadserver import serve_in_thread
 
 
 class ClientWriter:
@@ -81,29 +81,24 @@ def run_gateway(*, expect_ready: bool = True, edge: bool = True, keep_alive_s: f
                            **settings})
     app = build_app(s)
     # The production protocol (gateway/edge/), so every gateway test also drives the edge.
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
-                                           lifespan="on", loop=loop, interface="asgi3",
-                                           timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
-                                           http=EdgeProtocol.bound(Edge(s.edge, app.state.metrics))
-                                           if edge else "httptools"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on",
+                            loop=loop, interface="asgi3",
+                            timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
+                            http=EdgeProtocol.bound(Edge(s.edge, app.state.metrics))
+                            if edge else "httptools")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.TransportError):
-            if not (expect_ready and s.backends):
-                if loopback.get(url + "/health").status_code == 200:
+    with serve_in_thread(config):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                if not (expect_ready and s.backends):
+                    if loopback.get(url + "/health").status_code == 200:
+                        break
+                # Every backend probed up, not only the first: retry and balance tests need all.
+                elif RunningGateway(url, app).metric("llmserve_backend_up") == len(set(s.backends)):
                     break
-            # Every backend probed up, not just the first: tests of retries and balance need all.
-            elif RunningGateway(url, app).metric("llmserve_backend_up") == len(set(s.backends)):
-                break
-        time.sleep(0.05)
-    try:
+            time.sleep(0.01)
         yield RunningGateway(url, app)
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 UpstreamFactory = Callable[..., FakeUpstream]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from tests.ports import free_port
+from tests.threadserver import serve_in_thread
 
 # Directories a load may name; anything else "does not exist" (vLLM's 404).
 VOLUME = "/models/"
@@ -150,24 +150,15 @@ class LoraReplica:
 @contextlib.contextmanager
 def serve(*replicas: LoraReplica) -> Iterator[tuple[LoraReplica, ...]]:
     """Each replica on a free loopback port, in a thread of its own, until the block ends."""
-    servers = []
-    threads = []
-    for r in replicas:
-        r.port = free_port()
-        server = uvicorn.Server(uvicorn.Config(r.app(), host="127.0.0.1", port=r.port,
-                                               log_level="error", lifespan="off"))
-        t = threading.Thread(target=server.run, daemon=True)
-        t.start()
-        servers.append(server)
-        threads.append(t)
-    try:
-        deadline = time.monotonic() + 10
-        while not all(s.started for s in servers):
-            assert time.monotonic() < deadline, "fake replicas did not start"
-            time.sleep(0.02)
-        yield replicas
-    finally:
-        for s in servers:
-            s.should_exit = True
-        for t in threads:
-            t.join(10)
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for r in replicas:
+            r.port = free_port()
+            servers.append(stack.enter_context(serve_in_thread(uvicorn.Config(
+                r.app(), host="127.0.0.1", port=r.port, log_level="error", lifespan="off"))))
+            assert servers[-1].started, f"fake replica {r.name} did not start"
+        try:
+            yield replicas
+        finally:
+            for server in servers:  # all at once, then each is joined
+                server.stop()

@@ -8,8 +8,6 @@ import gc
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,18 +20,21 @@ import uvloop
 
 from bench.fake_upstream import Behaviour, start_in_thread
 from bench.load import build_request
+from gateway.__main__ import main
 from gateway.app import build_app
 from gateway.server import _DrainingServer
 from gateway.settings import GatewaySettings
 from tests import loopback
+from tests.cli import run_main
 from tests.gateway.conftest import UpstreamFactory, gateway_process, run_gateway, url_of
 from tests.ports import free_port
 
+# `python -m gateway`'s main() in this process (tests/gateway/test_cli.py runs the command itself).
+# A bad setting or keys file stops it before anything binds or logs.
+
 
 def test_bad_setting_is_one_line_naming_it() -> None:
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--timeouts.total-s", "1",
-                           "--timeouts.first-byte-s", "5"], capture_output=True, text=True,
-                          timeout=30, check=False)
+    proc = run_main(main, "--timeouts.total-s", "1", "--timeouts.first-byte-s", "5")
     assert proc.returncode == 2
     assert "GATEWAY_TIMEOUTS" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -48,9 +49,7 @@ def test_bad_keys_file_is_one_line_and_a_nonzero_exit(tmp_path: Path,
         path.mkdir()  # unreadable as a file, even for root (a chmod 000 file is not)
     elif isinstance(content, bytes):
         path.write_bytes(content)
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--port", str(free_port()),
-                           "--api-keys-file", str(path)],
-                          capture_output=True, text=True, timeout=30, check=False)
+    proc = run_main(main, "--port", str(free_port()), "--api-keys-file", str(path))
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()

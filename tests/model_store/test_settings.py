@@ -1,14 +1,16 @@
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
-from model_store.__main__ import EXIT_USAGE, PROG, build_parser
+from model_store.__main__ import EXIT_USAGE, PROG, build_parser, main
 from model_store.cliflags import settings_overrides, with_flag_names
 from model_store.settings import MiB, SettingsError, StoreSettings, load_settings
-from tests.cli import usage_error
+from tests.cli import run_main, usage_error
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +60,18 @@ def test_invalid_settings_name_env_and_flag(overrides: dict[str, str], fragment:
     assert fragment in with_flag_names(err.value)
 
 
+@pytest.fixture
+def own_signals() -> Iterator[None]:
+    """main() takes SIGTERM and SIGINT (a pull unwinds on them); run in-process, it gives them
+    back to pytest afterwards."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
 def test_bad_env_var_is_one_line_exit_2() -> None:
+    # The command as a process; the tests below run its main() in this one.
     proc = subprocess.run(
         [sys.executable, "-m", "model_store", "ls", "s3://models"],
         env={"MODEL_STORE_CONCURRENCY": "lots", "PATH": "/usr/bin"},
@@ -75,15 +88,13 @@ def test_bad_env_var_is_one_line_exit_2() -> None:
     (["ls", "s3://models", "--part-size", "1KiB"], "MODEL_STORE_PART_SIZE=1024 (--part-size)"),
     (["pull", "s3://models/m/main", "--concurrency", "0"], "MODEL_STORE_CONCURRENCY"),
 ])
-def test_bad_usage_is_one_line_exit_2(argv: list[str], fragment: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "model_store", *argv],
-                          capture_output=True, text=True, check=False)
+def test_bad_usage_is_one_line_exit_2(argv: list[str], fragment: str, own_signals: None) -> None:
+    proc = run_main(main, *argv)
     assert proc.returncode == EXIT_USAGE
     usage_error(proc.stderr, PROG, fragment)
 
 
 @pytest.mark.parametrize("verb", ["push", "pull", "ls", "verify", "bootstrap-demo"])
 def test_help_on_every_verb(verb: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "model_store", verb, "--help"],
-                          capture_output=True, text=True, check=False)
+    proc = run_main(main, verb, "--help")
     assert proc.returncode == 0 and f"usage: {PROG} {verb}" in proc.stdout

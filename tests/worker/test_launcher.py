@@ -226,6 +226,7 @@ def _allowed(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to narrow to one")
+@pytest.mark.slow  # the launcher looks once a second: 1.5 s of real time on purpose
 def test_a_cpu_engine_starts_on_its_bind_and_gets_the_cpus_back_once_it_serves(
     tmp_path: Path, spawner: Spawner, make_model_dir: ModelDirFactory
 ) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.cli import run_main
 from worker.__main__ import main
 from worker.settings import WorkerSettings
 
@@ -35,7 +36,7 @@ def run_worker(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 
 def test_help_documents_every_setting() -> None:
-    done = run_worker("--help")
+    done = run_main(main, "--help")
     assert done.returncode == 0
     for field, info in WorkerSettings.model_fields.items():
         assert "--" + field.replace("_", "-") in done.stdout
@@ -81,7 +82,7 @@ def test_arguments_after_double_dash_are_passed_to_vllm(capsys: pytest.CaptureFi
     ],
 )
 def test_bad_settings_exit_2_with_one_line(args: tuple[str, ...], message: str) -> None:
-    done = run_worker(*args)
+    done = run_main(main, *args)
     assert done.returncode == 2
     assert done.stderr.startswith(message)
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr

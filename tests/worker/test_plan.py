@@ -15,8 +15,10 @@ import pytest
 import yaml
 
 import worker.layout
+from tests.cli import run_main, usage_error
+from worker.__main__ import main as worker_main
 from worker.layout import read_spec
-from worker.plan import GPUS, STARTUP_OVERHEAD_S, Layout, plan, saturated
+from worker.plan import GPUS, PROG, STARTUP_OVERHEAD_S, Layout, plan, saturated
 
 CONFIGS = Path(__file__).parent / "configs"
 REPO = Path(__file__).resolve().parents[2]
@@ -35,8 +37,7 @@ def layouts(config: Path, gpu: str = "A100-80GB", per_node: int = 2, nodes: int 
 
 
 def run_plan(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "worker", "plan", *args], capture_output=True,
-                          text=True, timeout=60, check=False, cwd=REPO)
+    return run_main(worker_main, "plan", *args)
 
 
 def test_qwen_72b_on_two_a100_80gb() -> None:
@@ -315,6 +316,15 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_process_exits_2_with_one_line() -> None:
+    # The cases above run the command's main() in this process; this one runs the command.
+    done = subprocess.run([sys.executable, "-m", "worker", "plan", str(QWEN), "--gpu", "L4",
+                           "--nodes", "0"], capture_output=True, text=True, timeout=60,
+                          check=False, cwd=REPO)
+    assert done.returncode == 2
+    usage_error(done.stderr, PROG, "--nodes must be at least 1 (got 0)")
 
 
 @pytest.mark.parametrize(
