@@ -56,6 +56,10 @@ QUEUE_HEADROOM = 0.5
 # In slow start, a request in flight this many recent first-token times without its own first
 # token shows the engines queueing: the limit has reached their capacity, whatever it says.
 OVERDUE = 1.5
+# ... and never sooner than this after its dispatch: a first token within milliseconds (a
+# near-free upstream) measures the gateway's own loop, whose least lag would read as an overdue
+# request and refuse a cold burst that healthy engines serve (bench.soak's 32 clients at once).
+MIN_OVERDUE_S = 0.05
 # In slow start, queue up to this many requests per request in flight. Each adds two slots when
 # its first token comes back fast, so healthy engines serve them a round trip later; the promise
 # stops short of all of it because against full engines every request it queues waits about
@@ -210,7 +214,13 @@ class Pool:
             return False
         first = self.limiter.first_token_s
         pending = self._pending
-        return first <= 0.0 or not pending or self._clock() - pending[0] <= OVERDUE * first
+        return first <= 0.0 or not pending or self._clock() - pending[0] <= self._overdue_s(first)
+
+    @staticmethod
+    def _overdue_s(first: float) -> float:
+        """How long a request may be in flight without a first token before it shows the engines
+        queueing, given the climb's fastest first token."""
+        return max(OVERDUE * first, MIN_OVERDUE_S)
 
     def _kept_up(self, since: float) -> bool:
         """Still in slow start, and every request sent before `since` has had its first token:
@@ -234,7 +244,7 @@ class Pool:
         if self.limiter.slow_start:
             if first <= 0.0 or not pending:
                 return  # nothing to judge yet: the next first token looks again
-            wait = pending[0] + OVERDUE * first - self._clock()
+            wait = pending[0] + self._overdue_s(first) - self._clock()
             if wait > 1e-6:
                 self._watch = asyncio.get_running_loop().call_later(wait, self._check_promises)
                 return

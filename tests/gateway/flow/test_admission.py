@@ -306,6 +306,31 @@ async def test_a_cold_pool_queues_a_round_trips_growth_and_the_first_tokens_serv
     assert (pool.limiter.limit, pool.in_flight, len(pool.queue)) == (24, 20, 0)
 
 
+async def test_first_tokens_within_a_millisecond_do_not_make_the_gateways_lag_overdue() -> None:
+    # A near-free upstream answers first tokens in a millisecond: 1.5x that would call a request
+    # overdue after the gateway's own loop lag of a few milliseconds, and refuse a cold burst
+    # the upstream serves. A request is overdue only after MIN_OVERDUE_S (50 ms).
+    clock = FakeClock()
+    adm, _ = admission(clock, initial_limit=4, max_limit=64, ttft_target_s=4.0,
+                       queue_timeout_s=1.0, max_queue=100)
+    pool = adm.pool("demo")
+    t = adm.tenants.for_key(None)
+    sent = clock()
+    for _ in range(4):
+        assert pool.try_acquire()
+    clock.advance(0.001)
+    pool.sample(0.001, sent)  # the fastest first token: 1 ms; two slots more
+    assert pool.try_acquire() and pool.try_acquire()
+    clock.advance(0.02)  # the others sent with it are 20x that late: the gateway's lag
+    waiter = asyncio.create_task(pool.acquire(t, 1))
+    await asyncio.sleep(0)
+    assert len(pool.queue) == 1 and not waiter.done()  # queued on the promise, not refused
+    clock.advance(0.04)  # now 61 ms: overdue, the promise is broken
+    pool.sample(0.061, sent)
+    with pytest.raises(Unavailable):
+        await waiter
+
+
 def test_slow_starts_promise_is_refused_once_broken_not_at_the_deadline() -> None:
     # Queued on the climb's promise, but the requests sent with the first one never answer: the
     # engines are full, and sent above the limit a request would wait inside them past the
