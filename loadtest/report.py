@@ -49,6 +49,15 @@ def _ratio(a: float, b: float) -> str:
     return f"{b / a:.2f}" if a else "-"
 
 
+def ttft_series(runs: list[Run]) -> dict[tuple[str, float], list[float]]:
+    """The successful requests' TTFTs per target and level, every round of the level together."""
+    series: dict[tuple[str, float], list[float]] = {}
+    for r in runs:
+        series.setdefault((r.label, r.level), []).extend(
+            x.ttft for x in r.records if x.ok and x.ttft is not None)
+    return series
+
+
 def write(out: Path, s: CompareSettings, targets: list[dict[str, Any]], runs: list[Run],
           results: list[dict[str, Any]], command: str, started: datetime) -> list[str]:
     """Write everything; returns the runs whose cross-check failed."""
@@ -63,12 +72,7 @@ def write(out: Path, s: CompareSettings, targets: list[dict[str, Any]], runs: li
             sources[k] = sources.get(k, 0) + v
 
     gpus = {label: (layouts[label].gpus or 1) for label in labels}
-    series = {(r.label, r.level): [x.ttft for x in r.records if x.ok and x.ttft is not None]
-              for r in runs}
-    merged: dict[tuple[str, float], list[float]] = {}
-    for key, v in series.items():
-        merged.setdefault(key, []).extend(v)
-    plots.ttft_cdf(out / "ttft_cdf.png", merged, labels, mode)
+    plots.ttft_cdf(out / "ttft_cdf.png", ttft_series(runs), labels, mode)
     plots.throughput(out / "throughput.png", results, labels, mode)
     plots.latency_throughput(out / "latency_throughput.png", results, labels, mode)
     plots.pareto(out / "pareto_per_gpu.png", results, labels, gpus, mode, unit)
