@@ -23,10 +23,12 @@ WRITER_KEY = "llmserve.client_writer"
 class ClientWriter(Protocol):
     """What a server offers for direct writes of a chunked response's body, whose head and end go
     through ASGI `send` (gateway/edge/writer.py): the connection's transport, its write flow
-    control, and a hook for a hang-up."""
+    control, whether it is lost, and a hook for a hang-up."""
 
     transport: asyncio.WriteTransport
     write_paused: bool
+    # True once the connection is lost: what is written then is dropped, as uvicorn's send does.
+    closed: bool
     # Called by the server when the client's connection drops (set by the proxy per request).
     lost: Callable[[], None] | None
 
@@ -45,11 +47,10 @@ class Splice:
     full (`blocked`), and, until `write_directly`, at each chunk (kept in `held` for the task).
     """
 
-    __slots__ = ("_closing", "_write", "_writer", "blocked", "final", "gaps", "held", "last",
-                 "pending", "saw_done", "usage")
+    __slots__ = ("_write", "_writer", "blocked", "final", "gaps", "held", "last", "pending",
+                 "saw_done", "usage")
 
     # Set with `_write` by write_directly, and read only when it was.
-    _closing: Callable[[], bool]
     _writer: ClientWriter
 
     def __init__(self, started: float, strip_usage: bool) -> None:
@@ -65,13 +66,15 @@ class Splice:
 
     def write_directly(self, writer: ClientWriter) -> None:
         """From now on write each chunk to the client's connection (the head was sent)."""
-        self._closing = writer.transport.is_closing
         self._writer = writer
         self._write = writer.transport.write
 
     def feed(self, chunk: bytes, now: float) -> bool:
         """Relay one read's body, which arrived at `now`; False: stop feeding me."""
-        if self.pending or chunk[-2:] != EVENT_END:
+        # The common chunk is one event of one line, whose first newline is its end: then there
+        # is nothing to hold back and no event to count (each is a scan of the whole chunk).
+        single = not self.pending and chunk.find(b"\n") == len(chunk) - 2 and chunk[-1] == 10
+        if not single:
             chunk = self._whole_events(chunk)
             if not chunk:
                 return True  # a partial event: held until its end arrives
@@ -83,9 +86,10 @@ class Splice:
                 return True  # the usage event alone, stripped
         self.gaps.append(now - self.last)
         self.last = now
-        extra = chunk.count(EVENT_END) - 1
-        if extra:
-            self.gaps += [0.0] * extra
+        if not single:
+            extra = chunk.count(EVENT_END) - 1
+            if extra:
+                self.gaps += [0.0] * extra
         if chunk.endswith(DONE_EVENT):
             self.saw_done = True
             self.final = chunk
@@ -94,10 +98,11 @@ class Splice:
         if write is None:
             self.held = chunk
             return False
-        if self._closing():
+        writer = self._writer
+        if writer.closed:
             return True  # as uvicorn's send: dropped; the disconnect cancels the relay
         write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        if self._writer.write_paused:
+        if writer.write_paused:
             self.blocked = True
             return False
         return True

@@ -31,7 +31,7 @@ class ClientWriter:
         self.frames: list[bytes] = []
         self.transport = self
         self.write_paused = False
-        self.closing = False
+        self.closed = False
 
     @property
     def written(self) -> list[bytes]:
@@ -42,9 +42,6 @@ class ClientWriter:
             assert rest.endswith(b"\r\n") and int(size, 16) == len(rest) - 2
             out.append(rest[:-2])
         return out
-
-    def is_closing(self) -> bool:
-        return self.closing
 
     def write(self, frame: bytes) -> None:
         self.frames.append(frame)

@@ -80,11 +80,11 @@ def test_a_full_client_buffer_stops_the_feed_after_writing() -> None:
     assert s.blocked and w.written == [b"data: a\n\n", b"data: b\n\n"]
 
 
-def test_a_closing_client_gets_nothing_more_and_the_feed_goes_on() -> None:
+def test_a_lost_client_gets_nothing_more_and_the_feed_goes_on() -> None:
     # As uvicorn's send: dropped; the disconnect cancels the relay.
     w = ClientWriter()
     s = splice(w)
-    w.closing = True
+    w.closed = True
     assert s.feed(b"data: a\n\n", 0.0) is True
     assert w.frames == [] and len(s.gaps) == 1
 
