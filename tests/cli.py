@@ -4,7 +4,9 @@
 `run_main` runs a command's `main(argv)` in the test's own process, as its console script would:
 most tests of a command's output and exit code need no new interpreter (a few tenths of a second
 of start-up and imports each). Each command keeps at least one test that runs it as a real
-process, for what only a process shows (`python -m`, the exit code the interpreter sets)."""
+process, for what only a process shows (`python -m`, the exit code the interpreter sets, and
+log lines: in-process, `logging` writes to pytest's handlers, not to the captured stderr, so only
+a real process proves that a refused start logs nothing)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,6 @@ import httpx
 import pytest
 
 from devstack.stack import LocalStack
-from gateway.flow.admission import PROMISE
-from gateway.settings import FlowSettings
 from tests import loopback
 from tests.e2e.conftest import scrape
 from tests.e2e.test_errors_and_disconnect import assert_openai_error
@@ -45,7 +43,7 @@ def test_a_burst_gets_200s_and_fast_503s_only(stack: LocalStack, model_name: str
     counted = {r: after[r] - before[r] for r in after}
     statuses = [s for s, _, _ in results]
     assert set(statuses) <= {200, 503}, statuses
-    # The pool's limit starts at 24 and queues most of a doubling: most of 160 at once are refused
+    # The pool's limit starts low and queues most of a doubling: most of 160 at once are refused
     assert 16 <= statuses.count(200) < 160 and statuses.count(503) > 0, statuses
     refusals, served = [], []
     for status, elapsed, r in results:
@@ -57,11 +55,11 @@ def test_a_burst_gets_200s_and_fast_503s_only(stack: LocalStack, model_name: str
             assert float(r.headers["retry-after"]) >= 1
             refusals.append(elapsed)
     # Every 503 is counted by its reason. Most were decided at the door (queue full, or a wait
-    # longer than the queue timeout); the others waited on slow start's promise (a round trip's
-    # growth, PROMISE per request in flight) and were refused once the first tokens showed the
-    # engines full: never more than the promise held at the start.
+    # longer than the queue timeout); the others waited on slow start's promise (most of a round
+    # trip's growth: PROMISE per request in flight) and were refused once the first tokens showed
+    # the engines full.
     assert sum(counted.values()) == len(refusals), (counted, len(refusals))
-    assert counted["queue_timeout"] <= PROMISE * FlowSettings().initial_limit, counted
+    assert counted["queue_timeout"] < counted["queue_wait"] + counted["queue_full"], counted
     # Wall-clock bounds do not belong here: this client opens 160 connections at once on 2 cores
     # that the engines keep busy, and one CI run saw every answer, 503 or not, take >= 0.88 s.
     # Side by side in the same run, though, the typical refusal must come back before the typical

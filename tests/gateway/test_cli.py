@@ -70,6 +70,10 @@ def test_backends_flag_forms(argv: list[str]) -> None:
     (["--flow.max-limit", "lots"], {},
      "GATEWAY_FLOW__MAX_LIMIT (--flow.max-limit): Input should be a valid integer"),
     (["--edge.probe-port", "8000"], {}, "GATEWAY_EDGE__PROBE_PORT must differ from GATEWAY_PORT"),
+    (["--eject-after-failures", "0"], {},
+     "GATEWAY_EJECT_AFTER_FAILURES (--eject-after-failures): Input should be greater than or equal to 1"),
+    ([], {"GATEWAY_HEALTH_INTERVAL_S": "0"},
+     "GATEWAY_HEALTH_INTERVAL_S (--health-interval-s): Input should be greater than 0"),
     (["--no-such-flag"], {}, ("unrecognized arguments: --no-such-flag (see llmserve-gateway "
                              "--help)")),
 ])

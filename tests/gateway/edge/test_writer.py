@@ -39,9 +39,11 @@ async def test_a_lost_connection_wakes_the_drain_and_tells_the_request() -> None
     w.lost = lambda: told.append(1)
     w.pause_writing()
     waiting = await _pending(w.drain())
+    assert not w.closed
     w.connection_lost()
     await asyncio.wait_for(waiting, 1)
     assert told == [1]
+    assert w.closed  # the relay drops what it would write from now on
 
 
 def test_the_hang_up_reaches_the_second_request_of_a_keep_alive_connection(

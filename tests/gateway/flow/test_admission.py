@@ -6,7 +6,7 @@ import time
 import pytest
 
 from gateway.errors import RateLimited, Unavailable
-from gateway.flow.admission import Admission, Pool
+from gateway.flow.admission import MIN_OVERDUE_S, Admission, Pool
 from gateway.flow.keys import ApiKey
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
@@ -306,29 +306,35 @@ async def test_a_cold_pool_queues_a_round_trips_growth_and_the_first_tokens_serv
     assert (pool.limiter.limit, pool.in_flight, len(pool.queue)) == (24, 20, 0)
 
 
-async def test_first_tokens_within_a_millisecond_do_not_make_the_gateways_lag_overdue() -> None:
+def test_first_tokens_within_a_millisecond_do_not_make_the_gateways_lag_overdue() -> None:
     # A near-free upstream answers first tokens in a millisecond: 1.5x that would call a request
     # overdue after the gateway's own loop lag of a few milliseconds, and refuse a cold burst
-    # the upstream serves. A request is overdue only after MIN_OVERDUE_S (50 ms).
-    clock = FakeClock()
-    adm, _ = admission(clock, initial_limit=4, max_limit=64, ttft_target_s=4.0,
-                       queue_timeout_s=1.0, max_queue=100)
-    pool = adm.pool("demo")
-    t = adm.tenants.for_key(None)
-    sent = clock()
-    for _ in range(4):
-        assert pool.try_acquire()
-    clock.advance(0.001)
-    pool.sample(0.001, sent)  # the fastest first token: 1 ms; two slots more
-    assert pool.try_acquire() and pool.try_acquire()
-    clock.advance(0.02)  # the others sent with it are 20x that late: the gateway's lag
-    waiter = asyncio.create_task(pool.acquire(t, 1))
-    await asyncio.sleep(0)
-    assert len(pool.queue) == 1 and not waiter.done()  # queued on the promise, not refused
-    clock.advance(0.04)  # now 61 ms: overdue, the promise is broken
-    pool.sample(0.061, sent)
-    with pytest.raises(Unavailable):
-        await waiter
+    # the upstream serves. A request is overdue only MIN_OVERDUE_S (50 ms) after its dispatch:
+    # queued at 21 ms on the promise, the newcomer is refused at 50 ms, when the requests sent
+    # with the first one are overdue (not at once, nor at the 1 s deadline).
+
+    async def scenario() -> tuple[object, float, float]:
+        loop = asyncio.get_running_loop()
+        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
+                                     ttft_target_s=4.0, queue_timeout_s=1.0, max_queue=100),
+                        GatewayMetrics(), loop.time)
+        pool = adm.pool("demo")
+        sent = loop.time()
+        for _ in range(4):
+            assert pool.try_acquire()
+        await asyncio.sleep(0.001)
+        pool.sample(0.001, sent)  # the fastest first token: 1 ms; two slots more
+        assert pool.try_acquire() and pool.try_acquire()
+        await asyncio.sleep(0.02)  # the others sent with it are 20x that late: the gateway's lag
+        queued_at = loop.time() - sent
+        result = await asyncio.gather(pool.acquire(adm.tenants.for_key(None), 1),
+                                      return_exceptions=True)
+        return result[0], queued_at, loop.time() - sent
+
+    outcome, queued_at, answered_at = run_virtual(scenario)
+    assert isinstance(outcome, Unavailable)
+    assert queued_at == pytest.approx(0.021)
+    assert answered_at == pytest.approx(MIN_OVERDUE_S)
 
 
 def test_slow_starts_promise_is_refused_once_broken_not_at_the_deadline() -> None:
