@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from gateway.loop_metrics import HistogramValue, LoopCounter, LoopHistogram
+from gateway.loop_metrics import LoopCounter, LoopHistogram
 
 
 def exposition(registry: CollectorRegistry) -> list[str]:
@@ -30,20 +30,6 @@ def test_histogram_exposition_matches_prometheus_client() -> None:
         b.labels("b").observe(v)
     assert exposition(ours) == exposition(theirs)
     assert 'x_seconds_bucket{le="0.01",model="a"} 2.0' in exposition(ours)
-
-
-def test_observe_many_counts_as_observing_one_at_a_time() -> None:
-    bounds = (0.01, 0.1, 1.0)
-    values = [0.1, 0.0, 7.0, 0.01, 0.05, 0.1, 1.0, 0.5, 0.011, 2.0, 0.1]
-    one, many = HistogramValue(bounds), HistogramValue(bounds)
-    for v in values:
-        one.observe(v)
-    many.observe_many(values)
-    many.observe_many([])
-    many.observe_many([0.001])  # all below the first bound: the others untouched
-    one.observe(0.001)
-    assert many.counts == one.counts == [3, 5, 2, 2]
-    assert many.sum == pytest.approx(one.sum)
 
 
 def test_counter_exposition_matches_prometheus_client() -> None:
