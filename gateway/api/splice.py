@@ -71,10 +71,7 @@ class Splice:
 
     def feed(self, chunk: bytes, now: float) -> bool:
         """Relay one read's body, which arrived at `now`; False: stop feeding me."""
-        # The common chunk is one event of one line, whose first newline is its end: then there
-        # is nothing to hold back and no event to count (each is a scan of the whole chunk).
-        single = not self.pending and chunk.find(b"\n") == len(chunk) - 2 and chunk[-1] == 10
-        if not single:
+        if self.pending or chunk[-2:] != EVENT_END:
             chunk = self._whole_events(chunk)
             if not chunk:
                 return True  # a partial event: held until its end arrives
@@ -86,10 +83,9 @@ class Splice:
                 return True  # the usage event alone, stripped
         self.gaps.append(now - self.last)
         self.last = now
-        if not single:
-            extra = chunk.count(EVENT_END) - 1
-            if extra:
-                self.gaps += [0.0] * extra
+        extra = chunk.count(EVENT_END) - 1
+        if extra:
+            self.gaps += [0.0] * extra
         if chunk.endswith(DONE_EVENT):
             self.saw_done = True
             self.final = chunk
