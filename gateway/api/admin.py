@@ -111,7 +111,7 @@ def build_admin_routes(adapters: Adapters, router: Router) -> APIRouter:
 
     @api.delete("/admin/adapters/{name}")
     async def remove_adapter(name: str) -> JSONResponse:
-        if not _NAME.match(name) or adapters.get(name) is None:
+        if not _NAME.fullmatch(name) or adapters.get(name) is None:
             raise ModelNotFound(f"The adapter '{name}' does not exist", param="name")
         results = await adapters.remove(name)
         return JSONResponse({"name": name, "deleted": True, "replicas": _results(results)})

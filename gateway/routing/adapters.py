@@ -187,10 +187,12 @@ class Adapters:
                     if a.name in present:
                         life.ensured.add(a.name)
                         continue
-                    tries, at = life.retry.get(a.name, (0, 0.0))
-                    if now >= at:
+                    if not a.path:
+                        continue  # learned from a listing without its root: nothing to load
+                    if now >= life.retry.get(a.name, (0, 0.0))[1]:
                         todo.append((b, a))
             results = await asyncio.gather(*(self._load(b, a.name, a.path) for b, a in todo))
+            now = self._clock()  # the loads took time: retries count from their answers
             for (b, a), r in zip(todo, results, strict=True):
                 life = self._life(b.cache_life)
                 if r.ok:

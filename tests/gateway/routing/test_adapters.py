@@ -132,6 +132,19 @@ async def test_a_learned_adapter_is_not_pushed_onto_replicas_up_now(setup: Setup
     assert await adapters.reconcile() == 1 and "b" in engines.loaded["http://r1:8000"]
 
 
+async def test_a_learned_adapter_without_its_path_is_not_reloaded(setup: Setup) -> None:
+    """A replica lists an adapter with no `root`: it is served where it is, but nothing says
+    where to load it from, so a restarted replica is not sent a load of an empty path."""
+    adapters, router, engines, _ = setup
+    engines.loaded["http://r0:8000"]["b"] = ""
+    await router.probe_all()
+    assert adapters.parent_of("b") == BASE
+    await router.restart(router.list[1])
+    posts = len(engines.posts)
+    assert await adapters.reconcile() == 0 and len(engines.posts) == posts
+    assert adapters.loads["failed"] == 0
+
+
 async def test_removed_through_another_gateway_is_forgotten(setup: Setup) -> None:
     adapters, router, engines, _ = setup
     await adapters.add("a", BASE, "/m/a")
