@@ -2,33 +2,21 @@
 
 Order for one request: the tenant's token buckets (429 `rate_limit_exceeded`), then the pool's
 adaptive concurrency limit. Below the limit with nobody queued a request is admitted at once: an
-integer compare and increment, no future, no task. Otherwise it waits in the pool's fair queue.
+integer compare and increment, no future, no task. Otherwise it waits in the pool's fair queue,
+but only if the door can promise it a slot within the queue timeout; else it is refused at once
+(503 with Retry-After), so the client hears "retry in N s" within milliseconds. The promise is
 
-A request that would wait past `queue_timeout_s` is refused at once instead of timing out later:
-the client hears "retry in N s" within milliseconds. The door queues a request only if
+- the pool's measured drain rate serving it within half the timeout, or
+- while the limit still climbs from a cold start (slow start, limiter.py) and nothing shows the
+  engines full yet: fewer requests ahead of it than `PROMISE` x those in flight, each of which
+  adds two slots when its first token comes back fast.
 
-- the pool's measured drain rate serves it within half the timeout (the requests ahead of it over
-  the completions per second), or
-- the limit is still climbing from a cold start (slow start, see limiter.py) and nothing shows the
-  engines full yet, and the request is within the next round trip's growth: fewer requests ahead
-  of it than twice those in flight, each of which adds two slots when its first token comes back
-  fast.
-
-A queued request was promised service within the timeout. If the estimate proves too hopeful
-(usually because the limit was cut while it waited) it is sent at its deadline, above the limit,
-rather than refused after a wasted wait: the overshoot is bounded by the few requests the
-estimate let in (`llmserve_queue_overflows_total`). A request queued on slow start's promise is
-refused as soon as that promise is seen broken (slow start over, or a request in flight overdue
-for its first token), and at its deadline is sent only if every request sent before it has had
-its first token; otherwise it is refused (`queue_timeout`): the engines are full, and sent above
-the limit it would wait inside them past the target.
-
-Why both promises need this shape: a cold gateway in front of healthy engines must not refuse
-what their growing limit will serve a round trip later (a 400 req/s burst at 100 ms TTFT needs
-40 slots before the first token comes back), while a cold gateway in front of full engines must
-not push a burst into them (8 sequence slots at 114 ms a stream serve ~25 requests within a
-0.3 s TTFT). The first tokens tell the two apart: fast and in dispatch order, or overdue.
-Before the drain rate is measured, nothing but slow start's promise queues a request.
+A queued request whose estimate proves too hopeful (usually a limit cut while it waited) is sent
+at its deadline above the limit (`llmserve_queue_overflows_total`) rather than refused after a
+wasted wait. One queued on slow start's promise is refused as soon as the promise is seen broken
+(slow start over, or a request in flight overdue for its first token), and at its deadline is sent
+only if every request sent before it has had its first token: otherwise the engines are full, and
+it would wait inside them past the target. Why both promises need this shape: docs/flow-control.md.
 """
 
 from __future__ import annotations
@@ -47,25 +35,20 @@ from gateway.flow.tenants import ANONYMOUS, Tenant, Tenants
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
 
-# Queue a request only if it is expected to get its slot within this share of the queue timeout.
-# The estimate rests on a noisy drain rate, and a limit cut slows the drain for whoever already
-# waits; a request refused now hears so in milliseconds, one that times out waited the whole
-# timeout for the same 503 (with the estimate taken at face value, the slowest refusals at 2x load
-# on the real engine were queue timeouts: docs/benchmarks.md, flow control).
+# Queue a request only if it is expected to get its slot within this share of the queue timeout:
+# the estimate rests on a noisy drain rate, and a refusal now costs milliseconds, a queue timeout
+# the whole timeout for the same 503.
 QUEUE_HEADROOM = 0.5
 # In slow start, a request in flight this many recent first-token times without its own first
 # token shows the engines queueing: the limit has reached their capacity, whatever it says.
 OVERDUE = 1.5
 # ... and never sooner than this after its dispatch: a first token within milliseconds (a
 # near-free upstream) measures the gateway's own loop, whose least lag would read as an overdue
-# request and refuse a cold burst that healthy engines serve (bench.soak's 32 clients at once).
+# request and refuse a cold burst that healthy engines serve.
 MIN_OVERDUE_S = 0.05
-# In slow start, queue up to this many requests per request in flight. Each adds two slots when
-# its first token comes back fast, so healthy engines serve them a round trip later; the promise
-# stops short of all of it because against full engines every request it queues waits about
-# OVERDUE first tokens for its refusal: at 1.5, a cold 180-user burst against an 8-slot engine
-# keeps under 1% of its refusals waiting, and a cold 400 req/s start at a 100 ms first token
-# (16 over the starting 24 before the first token is back) still queues all it must.
+# In slow start, queue up to this many requests per request in flight: most of the next round
+# trip's growth. Not all of it: against full engines each request so queued waits about OVERDUE
+# first tokens for its refusal (docs/flow-control.md).
 PROMISE = 1.5
 
 
@@ -132,14 +115,12 @@ class Pool:
 
     def under_share(self, tenant: Tenant) -> bool:
         """True if `tenant` holds fewer slots than its weighted share of the limit among the
-        tenants holding slots now.
+        tenants holding slots now: it then gets one at once, even above the limit.
 
-        The queue alone cannot keep a light tenant's share: with a short queue timeout and slow
-        completions (seconds per stream) it holds only a request or two, so a newcomer is refused
-        at the door whenever a heavy tenant keeps it full. A tenant below its share therefore gets
-        a slot at once, even above the limit; the tenants above their share give the slots back
-        as their requests finish, because queued requests are only dispatched below the limit.
-        The overshoot is bounded by the under-served tenants' shares."""
+        The queue alone cannot keep a light tenant's share: with a short queue timeout and
+        streams of seconds it holds a request or two, so a heavy tenant keeping it full would
+        lock a newcomer out. The others give the slots back as their requests finish (the queue
+        is only dispatched below the limit), so the overshoot is bounded by the shares."""
         mine = self.by_tenant.get(tenant.name, 0)
         others = [t for t in self.by_tenant if t != tenant.name]
         if not others:
@@ -160,9 +141,7 @@ class Pool:
         limit = self.limiter.limit
         target = self.limiter.target_s
         ahead = self.queue.ahead_of(tenant.name, cls, tenant.weight)
-        # A request queues if the pool's measured drain rate serves it in time, or, while the
-        # limit still climbs from a cold start, if it is within most of the slots those in flight
-        # add as their first tokens come back fast, two each (`promised`).
+        # The two promises of the module docstring.
         served = rate > 0.0 and (expected_wait(ahead, rate, limit, target)
                                  <= s.queue_timeout_s * QUEUE_HEADROOM)
         promised = not served and ahead < PROMISE * self.in_flight and self._climbing()
@@ -196,8 +175,6 @@ class Pool:
                     raise self._refuse("queue_timeout", len(self.queue), self.drain.current())
                 self._take(tenant.name, tenant.weight)
                 self._overflows.inc()
-            self._queue_time.observe(self._clock() - now)
-            return
         except asyncio.CancelledError:
             if self._granted(w):
                 self.release(tenant.name)
@@ -277,17 +254,15 @@ class Pool:
         """A streamed request's upstream TTFT."""
         before = self.limiter.limit
         self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight)
-        self._sampled()
-        self._grew(before)
+        self._sampled(before)
 
     def sample_whole(self, latency_s: float, tokens: int, dispatched_at: float) -> None:
         """A whole (non-streamed) answer's upstream latency and its generated tokens."""
         before = self.limiter.limit
         self.limiter.on_whole_sample(latency_s, tokens, dispatched_at, self.in_flight)
-        self._sampled()
-        self._grew(before)
+        self._sampled(before)
 
-    def _sampled(self) -> None:
+    def _sampled(self, before: int) -> None:
         pending = self._pending
         if pending:
             if self.limiter.slow_start:
@@ -296,8 +271,6 @@ class Pool:
                 pending.clear()
         if self._promised:
             self._check_promises()
-
-    def _grew(self, before: int) -> None:
         grown = self.limiter.limit - before
         if grown > 0:
             # New slots serve the queue as completions do: count them in the drain rate (during
@@ -310,12 +283,9 @@ class Pool:
                 self._dispatch()
 
     def set_replicas(self, replicas: int) -> None:
-        """The model's available replicas: the limit's ceiling is `max_limit` per replica.
-
-        One ceiling for the whole pool would cap a model's fleet at `max_limit` streams however
-        many replicas serve it: at vLLM's default of 256 sequences per engine, a fifth replica
-        would add nothing, and requests would wait at the door while engines had free slots.
-        No replica available says nothing about the capacity that comes back: the ceiling stays."""
+        """The model's available replicas: the limit's ceiling is `max_limit` per replica, so a
+        fleet is never capped at one engine's worth. None available says nothing about the
+        capacity that comes back: the ceiling stays."""
         if replicas > 0:
             self.limiter.set_ceiling(self._settings.max_limit * replicas)
 

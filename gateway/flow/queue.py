@@ -101,10 +101,7 @@ class FairQueue:
             if c.deficit[t] >= 1.0:
                 c.deficit[t] -= 1.0
                 w = line.popleft()
-                w.live = False
-                c.live[t] -= 1
-                c.size -= 1
-                self._size -= 1
+                self.remove(w)
                 if not c.live[t]:
                     self._retire(c, t)
                 return w

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from gateway.flow.limiter import AimdLimiter
+from gateway.settings import FlowSettings
 from tests.gateway.flow.conftest import FakeClock
 
 
@@ -142,9 +144,10 @@ def test_engine_pressure_backs_off_at_most_once_per_target(clock: FakeClock) -> 
     assert lim.limit == 16
 
 
-def test_rejects_inconsistent_bounds() -> None:
-    with pytest.raises(ValueError):
-        AimdLimiter(initial=1, floor=2, ceiling=3, target_s=1.0)
+def test_inconsistent_bounds_are_refused_by_the_settings() -> None:
+    # The limiter trusts its bounds: FlowSettings validates them, once, at start-up.
+    with pytest.raises(ValidationError, match="min_limit <= initial_limit <= max_limit"):
+        FlowSettings(initial_limit=1, min_limit=2)
 
 
 def test_whole_answers_are_judged_per_token_against_their_own_best(clock: FakeClock) -> None:
