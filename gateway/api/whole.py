@@ -60,5 +60,4 @@ async def answer_batched(
     m.requests.labels(req.model, result.backend, str(result.status)).inc()
     if result.status == 200:
         m.e2e.labels(req.model).observe(asyncio.get_running_loop().time() - ex.started)
-        count_usage(m, req.model, tenant, (result.prompt_tokens, result.completion_tokens)
-                    if result.usage_known else None)
+        count_usage(m, req.model, tenant, result.usage)

@@ -39,9 +39,7 @@ _TOKEN_FIELDS = ("token_ids", "prompt_token_ids")
 class BatchResult:
     status: int
     body: bytes
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    usage_known: bool = True  # False: the upstream's usage was missing or malformed
+    usage: tuple[int, int] | None = None  # prompt and completion tokens; None: unknown
     backend: str = ""  # the replica that answered: the proxy counts each client request there
 
 
@@ -54,11 +52,10 @@ class _Member:
 
 @dataclass(slots=True, eq=False)
 class _Batch:
-    key: bytes
     model: str
     template: dict[str, Any]
+    handle: asyncio.Handle  # the window's timer
     members: list[_Member] = field(default_factory=list)
-    handle: asyncio.Handle | None = None
 
 
 def batch_key(body: dict[str, Any]) -> bytes | None:
@@ -96,15 +93,15 @@ class Batcher:
         loop = asyncio.get_running_loop()
         batch = self._open.get(key)
         if batch is None:
-            template = {k: v for k, v in body.items() if k != "prompt"}
-            batch = self._open[key] = _Batch(key, model, template)
             delay = self.window(model)
-            batch.handle = (loop.call_soon(self._flush, batch) if delay <= 0
-                            else loop.call_later(delay, self._flush, batch))
+            handle = (loop.call_soon(self._flush, key) if delay <= 0
+                      else loop.call_later(delay, self._flush, key))
+            template = {k: v for k, v in body.items() if k != "prompt"}
+            batch = self._open[key] = _Batch(model, template, handle)
         member = _Member(body["prompt"], loop.create_future(), monotonic())
         batch.members.append(member)
         if len(batch.members) >= self._s.max_size:
-            self._flush(batch)
+            self._flush(key)
         # A member whose client leaves cancels only its own future; the batch goes on.
         return await member.future
 
@@ -115,14 +112,11 @@ class Batcher:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _flush(self, batch: _Batch) -> None:
-        if self._open.get(batch.key) is batch:
-            del self._open[batch.key]
-        if batch.handle is not None:
-            batch.handle.cancel()
-            batch.handle = None
+    def _flush(self, key: bytes) -> None:
+        # Once per batch: by its timer, or when full, which cancels the timer.
+        batch = self._open.pop(key)
+        batch.handle.cancel()
         live = [m for m in batch.members if not m.future.done()]
-        batch.members = []
         if not live:
             return
         task = asyncio.get_running_loop().create_task(self._run(batch, live))
@@ -162,14 +156,7 @@ class Batcher:
     async def _single(self, batch: _Batch, mem: _Member) -> None:
         body = orjson.dumps({**batch.template, "prompt": mem.prompt})
         status, raw, backend = await self._call(batch.model, body)
-        result = BatchResult(status, raw, backend=backend)
-        if status == 200:
-            usage = body_usage(raw)
-            if usage is None:
-                result.usage_known = False
-            else:
-                result.prompt_tokens, result.completion_tokens = usage
-        _answer(mem, result)
+        _answer(mem, BatchResult(status, raw, body_usage(raw) if status == 200 else None, backend))
 
     async def _many(self, batch: _Batch, live: list[_Member]) -> None:
         template = batch.template
@@ -232,6 +219,6 @@ def split(raw: bytes, prompts: list[str], keep_token_ids: bool) -> list[BatchRes
         answer = {**base, "id": f"{rid}-{i}", "choices": [c],
                   "usage": {"prompt_tokens": p_tok, "completion_tokens": c_tok,
                             "total_tokens": p_tok + c_tok}}
-        out.append(BatchResult(200, orjson.dumps(answer), p_tok, c_tok,
-                               usage_known=exact or totals is not None))
+        usage = (p_tok, c_tok) if exact or totals is not None else None
+        out.append(BatchResult(200, orjson.dumps(answer), usage))
     return out
