@@ -289,10 +289,6 @@ class Pool:
         if replicas > 0:
             self.limiter.set_ceiling(self._settings.max_limit * replicas)
 
-    def pressure(self) -> None:
-        """The engines report waiting requests or a full KV cache (see flow.scrape)."""
-        self.limiter.on_pressure()
-
     # -- internals -------------------------------------------------------------------------------
 
     def _dispatch(self) -> None:

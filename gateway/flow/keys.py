@@ -6,14 +6,13 @@ File format (`GATEWAY_API_KEYS_FILE`)::
                "priority": "normal", "max_priority": "high", "weight": 1.0}]}
 
 Only hashes are stored, so the file hands out no working key (`python -m gateway.flow.keys`
-prints a key's hash). Lookup is by the presented key's digest (whose timing reveals nothing an
-attacker can steer), then `hmac.compare_digest`; the key is never kept, raised or logged.
+prints a key's hash). Lookup is by the presented key's digest, whose timing reveals nothing an
+attacker can steer (a hit means the digests are equal); the key is never kept, raised or logged.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,11 +86,7 @@ class KeyStore:
             self._by_digest[k.digest] = k
 
     def lookup(self, presented: bytes) -> ApiKey | None:
-        digest = hashlib.sha256(presented).digest()
-        found = self._by_digest.get(digest)
-        if found is None or not hmac.compare_digest(found.digest, digest):
-            return None
-        return found
+        return self._by_digest.get(hashlib.sha256(presented).digest())
 
     def tenants(self) -> list[ApiKey]:
         return list(self._by_digest.values())
@@ -113,11 +108,8 @@ def load_keys(path: Path) -> KeyStore:
         raise KeyFileError(
             f"GATEWAY_API_KEYS_FILE: {str(path)!r}: {loc or 'file'}: {first['msg']}"
         ) from None
-    return KeyStore([
-        ApiKey(e.tenant, bytes.fromhex(e.sha256), e.rpm, e.tpm, e.priority, e.max_priority,
-               e.weight)
-        for e in parsed.keys
-    ])
+    return KeyStore([ApiKey(digest=bytes.fromhex(e.sha256), **e.model_dump(exclude={"sha256"}))
+                     for e in parsed.keys])
 
 
 def main() -> int:

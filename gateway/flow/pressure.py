@@ -50,7 +50,7 @@ def parse_engine_load(text: str) -> EngineLoad | None:
 
 
 class PressureWatch:
-    """Scrapes every backend and calls `Pool.pressure()` for the models of a strained one."""
+    """Scrapes every backend and backs off the limit of every model of a strained one."""
 
     def __init__(self, settings: FlowSettings, admission: Admission,
                  backends: Callable[[], list[Backend]], transport: Transport) -> None:
@@ -76,7 +76,7 @@ class PressureWatch:
                 strained.update(b.models)
         self._waiting_before = waiting_now
         for m in strained:
-            self._admission.pool(m).pressure()
+            self._admission.pool(m).limiter.on_pressure()
 
     async def _load(self, url: str) -> EngineLoad | None:
         try:

@@ -109,12 +109,10 @@ class FairQueue:
             c.topped = False
 
     def _retire(self, c: _Class, t: str) -> None:
-        """`t` has nothing live left in `c`: it leaves the ring and forgets its deficit (DRR)."""
-        if c.ring and c.ring[0] == t:
-            c.ring.popleft()
-            c.topped = False
-        else:
-            c.ring.remove(t)
+        """`t`, the ring's head, has nothing live left in `c`: it leaves the ring and forgets its
+        deficit (DRR)."""
+        c.ring.popleft()
+        c.topped = False
         del c.lines[t], c.live[t], c.deficit[t]
 
     def _victim_for(self, w: Waiter) -> Waiter | None:
@@ -141,10 +139,8 @@ class FairQueue:
         for t, n in c.live.items():
             if t == tenant:
                 ahead += n
-            elif n:
-                line = c.lines[t]
-                wt = line[-1].weight if line else 1.0
-                ahead += min(n, int(mine * wt / weight + 0.999))
+            elif n:  # a tenant with live waiters: its line holds them, and their weight
+                ahead += min(n, int(mine * c.lines[t][-1].weight / weight + 0.999))
         return ahead
 
 

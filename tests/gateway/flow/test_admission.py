@@ -381,7 +381,7 @@ async def test_no_blind_queue_before_the_drain_rate_is_measured() -> None:
     t = adm.tenants.for_key(None)
     for _ in range(4):
         assert pool.try_acquire()
-    pool.pressure()  # the engines report a queue: slow start is over
+    pool.limiter.on_pressure()  # the engines report a queue: slow start is over
     with pytest.raises(Unavailable) as refused:
         await pool.acquire(t, 1)
     assert refused.value.retry_after is not None and refused.value.retry_after >= 1
