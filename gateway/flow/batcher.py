@@ -60,9 +60,8 @@ class _Batch:
 
 def batch_key(body: dict[str, Any]) -> bytes | None:
     """The compatibility key of a request, or None if it cannot be batched."""
-    if body.get("stream") or not isinstance(body.get("prompt"), str):
-        return None
-    if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
+    if (body.get("stream") or not isinstance(body.get("prompt"), str)
+            or body.get("n", 1) != 1 or body.get("best_of", 1) != 1):
         return None
     rest = {k: v for k, v in body.items() if k != "prompt"}
     try:

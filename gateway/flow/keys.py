@@ -71,8 +71,8 @@ class ApiKey:
         return f"ApiKey(tenant={self.tenant!r})"
 
 
-def hash_key(key: str | bytes) -> str:
-    return hashlib.sha256(key.encode() if isinstance(key, str) else key).hexdigest()
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class KeyStore:

@@ -31,10 +31,8 @@ class EngineLoad:
 
 def parse_engine_load(text: str) -> EngineLoad | None:
     """Sum of waiting requests and the highest KV usage over the engine's series; None if the
-    page has neither (not a vLLM engine, or an unknown version).
-
-    The scrape runs on the event loop, and prometheus_client's parser on a whole vLLM page costs
-    many times a line scan (docs/benchmarks.md): it reads only the two families' lines."""
+    page has neither (not a vLLM engine, or an unknown version). The scrape runs on the event
+    loop, so prometheus_client's parser reads only the two families' lines, not the whole page."""
     lines = [line for line in text.splitlines() if line.startswith(_FAMILIES)]
     waiting = kv = 0.0
     seen = False
