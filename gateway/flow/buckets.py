@@ -56,7 +56,7 @@ class TokenBucket:
 
 @dataclass(slots=True)
 class Refusal:
-    reason: str  # "rpm" | "tpm"
+    reason: str  # "rpm", "tpm", or "unavailable" (shared limits failing closed)
     retry_after_s: float
 
 
