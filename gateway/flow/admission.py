@@ -94,7 +94,9 @@ class Pool:
     def try_acquire(self, tenant: str = ANONYMOUS, weight: float = 1.0) -> bool:
         """The fast path: a free slot and nobody waiting for it."""
         if not self.in_flight:  # the first request after the pool emptied: was it idle long?
-            self.limiter.on_idle(self._clock() - self._empty_since)
+            now = self._clock()
+            self.limiter.on_idle(now - self._empty_since)
+            self._empty_since = now  # counted once, though `acquire` may ask again
         if self.in_flight < self.limiter.limit and not self.queue._size:
             self._take(tenant, weight)
             self._queue_time.observe(0.0)

@@ -8,6 +8,7 @@ import pytest
 from gateway.errors import RateLimited, Unavailable
 from gateway.flow.admission import MIN_OVERDUE_S, Admission, Pool
 from gateway.flow.keys import ApiKey
+from gateway.flow.queue import Waiter
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
 from tests.gateway.flow.conftest import FakeClock
@@ -248,6 +249,27 @@ async def test_first_request_after_an_idle_spell_meets_a_decayed_limit() -> None
     clock.advance(10 * 0.8 * 2 + 0.1)  # two idle spells of 10 targets (0.8 s: 1.0 - 0.2 queue)
     assert pool.try_acquire()
     assert pool.limiter.limit == 8
+
+
+async def test_an_idle_spell_decays_the_limit_once_when_the_fast_path_is_asked_twice() -> None:
+    """The proxy tries the fast path, then `acquire` tries it again: with nothing in flight and
+    the queue not yet empty (a waiter whose client left, before its cleanup), both calls see the
+    same idle spell, and it must halve the limit once, not twice."""
+    clock = FakeClock()
+    adm, _ = admission(clock, initial_limit=2, max_limit=64)
+    pool = adm.pool("demo")
+    for _ in range(15):
+        assert pool.try_acquire()
+        pool.sample(0.05, clock())
+    for _ in range(15):
+        pool.release()
+    assert pool.limiter.limit == 32
+    loop = asyncio.get_running_loop()
+    pool.queue.push(Waiter(loop.create_future(), "someone", 1, 1.0, clock()))
+    clock.advance(10 * 0.8 + 0.1)  # one idle spell of 10 targets
+    assert not pool.try_acquire()
+    assert not pool.try_acquire()
+    assert pool.limiter.limit == 16
 
 
 async def test_pushing_out_a_request_that_is_leaving_anyway_does_not_fail_the_newcomer() -> None:
