@@ -24,8 +24,8 @@ class Exchange:
 
     __slots__ = ("expired", "gone", "head_sent", "responded", "rid", "started", "task", "writer")
 
-    def __init__(self, task: asyncio.Task[object] | None, started: float, rid: str = "-",
-                 writer: ClientWriter | None = None) -> None:
+    def __init__(self, task: asyncio.Task[object] | None, started: float, rid: str,
+                 writer: ClientWriter | None) -> None:
         self.task = task
         self.writer = writer  # the server's direct body writer, if it offers one (api/splice.py)
         self.started = started  # loop time the request arrived

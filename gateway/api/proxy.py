@@ -109,38 +109,29 @@ class ProxyEndpoint:
         # A LoRA adapter's requests are admitted with its base model's, and wake its pool: the
         # same engines serve both (routing/adapters.py).
         name = d.parent_of(req.model) or req.model
-        # Unknown models skip admission (404 or 503 later): made-up names must not create pools.
-        if flow is None or not d.router.knows_model(req.model):
-            if wake is not None and wake.asleep(name):
-                try:
-                    await wake.wait(name)
-                except GatewayError as exc:
-                    d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
-                    await send_error(send, exc)
-                    return
-            await self._forward(scope, req, raw, send, ex, None, None)
-            return
-        tenant = flow.tenants.for_key(scope.get("state", {}).get("api_key"))
-        pool = flow.pool(name)
+        charged = False  # by the per-key limits: refunded if refused further on
         try:
-            await flow.check_limits(tenant, name)
+            # Unknown models skip admission (404 or 503 later): made-up names must not create
+            # pools.
+            if flow is not None and d.router.knows_model(req.model):
+                pool = flow.pool(name)
+                tenant = flow.tenants.for_key(scope.get("state", {}).get("api_key"))
+                await flow.check_limits(tenant, name)
+                charged = True
             # A pool at zero replicas: wait for one (routing/wake.py) after the per-key limits,
             # before taking a slot, then go through the door like any request.
             if wake is not None and wake.asleep(name):
-                try:
-                    await wake.wait(name)
-                except GatewayError:
-                    tenant.refund()
-                    raise
-            if not pool.try_acquire(tenant.name, tenant.weight):
-                try:
-                    await pool.acquire(tenant, tenant.priority_class(scope["headers"]))
-                except GatewayError:
-                    tenant.refund()
-                    raise
+                await wake.wait(name)
+            if charged and not pool.try_acquire(tenant.name, tenant.weight):
+                await pool.acquire(tenant, tenant.priority_class(scope["headers"]))
         except GatewayError as exc:
+            if charged:
+                tenant.refund()
             d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
             await send_error(send, exc)
+            return
+        if not charged:
+            await self._forward(scope, req, raw, send, ex, None, None)
             return
         tenant.admitted()
         try:

@@ -42,26 +42,6 @@ def route_request(req: ParsedRequest, scope: Scope, session_header: bytes) -> Ro
     return RouteRequest(req.model, None, prefix)
 
 
-def next_replica(
-    d: ProxyDeps, model: str, tried: list[Backend], route: RouteRequest | None = None
-) -> Backend | None:
-    """The next replica for `model` that is not in `tried`, acquired (the caller releases it);
-    every pick after the first is a retry, taken from the retry budget (None when spent)."""
-    budget = d.router.retry_budget
-    if not tried:
-        budget.request()
-    backend = d.router.pick(model, tried, route)
-    if backend is not None:
-        if tried:
-            if not budget.try_retry():
-                d.metrics.retries_refused.labels(model).inc()
-                return None
-            d.metrics.retries.labels(model).inc()
-        tried.append(backend)
-        backend.acquire()
-    return backend
-
-
 def check_answer(d: ProxyDeps, backend: Backend, status: int, body: bytes) -> None:
     """Judge a replica by an answer that is not a 200: a 5xx is its failure (raised: retry
     elsewhere, count towards ejection); a 503 saying it drains takes it out of rotation now, not
@@ -78,38 +58,44 @@ def check_answer(d: ProxyDeps, backend: Backend, status: int, body: bytes) -> No
             f"replica answered HTTP {status}: {body[:200].decode('utf-8', 'replace')}")
 
 
-def no_replica(d: ProxyDeps, model: str) -> GatewayError:
-    """The error when no replica could be tried: the model is served nowhere (404), or none of
-    its replicas is healthy now (503)."""
-    if d.router.knows_any_model() and not d.router.knows_model(model):
-        return ModelNotFound(
-            f"The model '{model}' does not exist or is not served here", param="model")
-    return Unavailable(
-        f"no healthy replica for model '{model}'", retry_after=d.settings.health_interval_s)
-
-
 async def try_replicas(
     d: ProxyDeps, model: str, tried: list[Backend], attempt: Callable[[Backend], Awaitable[T]],
     route: RouteRequest | None = None,
 ) -> T:
-    """Run `attempt` on `model`'s replicas in turn (each added to `tried`) until one returns. A
-    GatewayError from it (the client has seen nothing) is booked against that replica and the
-    next one is tried, within `retries` and the retry budget. Raises the last attempt's error,
-    or `no_replica`'s when none could be tried (`tried` is empty then)."""
+    """Run `attempt` on `model`'s replicas in turn (each added to `tried`, acquired while it runs)
+    until one returns. A GatewayError from it (the client has seen nothing) is booked against that
+    replica and the next one is tried, within `retries` and the retry budget. Raises the last
+    attempt's error; when none could be tried (`tried` is empty), a 404 for a model served
+    nowhere, or a 503 when none of its replicas is healthy now."""
+    router = d.router
+    router.retry_budget.request()
     last_error: GatewayError | None = None
     for _ in range(d.settings.retries + 1):
-        backend = next_replica(d, model, tried, route)
+        backend = router.pick(model, tried, route)
         if backend is None:
             break
+        if tried:  # a retry
+            if not router.retry_budget.try_retry():
+                d.metrics.retries_refused.labels(model).inc()
+                break
+            d.metrics.retries.labels(model).inc()
+        tried.append(backend)
+        backend.acquire()
         try:
             return await attempt(backend)
         except GatewayError as exc:
-            d.router.report_failure(backend)
+            router.report_failure(backend)
             d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
             last_error = exc
         finally:
             backend.release()
-    raise last_error or no_replica(d, model)
+    if last_error is not None:
+        raise last_error
+    if router.knows_any_model() and not router.knows_model(model):
+        raise ModelNotFound(
+            f"The model '{model}' does not exist or is not served here", param="model")
+    raise Unavailable(
+        f"no healthy replica for model '{model}'", retry_after=d.settings.health_interval_s)
 
 
 def make_upstream_call(d: ProxyDeps, path: str) -> UpstreamCall:

@@ -17,8 +17,7 @@ from gateway.settings import PoolLayout
 
 def build_routes(
     router: Router, metrics: GatewayMetrics, draining: Callable[[], bool], retry_after_s: float,
-    layouts: dict[str, PoolLayout] | None = None,
-    parent_of: Callable[[str], str | None] = lambda _: None,
+    layouts: dict[str, PoolLayout], parent_of: Callable[[str], str | None],
 ) -> APIRouter:
     api = APIRouter()
     created = int(time.time())
@@ -32,7 +31,7 @@ def build_routes(
         data = []
         for m in router.models():
             info: dict[str, int] = {"replicas": replicas.get(m, 0)}
-            if layouts and m in layouts:
+            if m in layouts:
                 info.update(layouts[m].model_dump(include={"tp", "pp", "nodes"}))
             card: dict[str, object] = {"id": m, "object": "model", "created": created,
                                        "owned_by": "llmserve"}
