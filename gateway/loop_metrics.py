@@ -6,9 +6,9 @@ read a histogram between its bucket and its sum, as prometheus_client's own can.
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -49,19 +49,18 @@ V = TypeVar("V", CounterValue, HistogramValue)
 
 
 class _Family(Collector, Generic[V]):
-    """Children by label values, made on first use; exported when Prometheus scrapes."""
+    """Children by label values, made on first use (by `_new`); exported when Prometheus
+    scrapes."""
+
+    _new: Callable[[], V]
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
-                 registry: CollectorRegistry | None) -> None:
+                 registry: CollectorRegistry) -> None:
         self._name = name
         self._doc = documentation
         self._labelnames = tuple(labelnames)
         self._children: dict[tuple[str, ...], V] = {}
-        if registry is not None:
-            registry.register(self)
-
-    @abstractmethod
-    def _new(self) -> V: ...
+        registry.register(self)
 
     def labels(self, *values: str) -> V:
         child = self._children.get(values)
@@ -76,8 +75,7 @@ class _Family(Collector, Generic[V]):
 
 
 class LoopCounter(_Family[CounterValue]):
-    def _new(self) -> CounterValue:
-        return CounterValue()
+    _new = CounterValue
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
@@ -88,13 +86,11 @@ class LoopCounter(_Family[CounterValue]):
 
 class LoopHistogram(_Family[HistogramValue]):
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
-                 buckets: Sequence[float], registry: CollectorRegistry | None) -> None:
-        self._bounds = tuple(float(b) for b in buckets)
-        self._edges = [*(repr(b) for b in self._bounds), "+Inf"]
+                 buckets: Sequence[float], registry: CollectorRegistry) -> None:
+        bounds = tuple(float(b) for b in buckets)
+        self._edges = [*(repr(b) for b in bounds), "+Inf"]
+        self._new = partial(HistogramValue, bounds)
         super().__init__(name, documentation, labelnames, registry)
-
-    def _new(self) -> HistogramValue:
-        return HistogramValue(self._bounds)
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)

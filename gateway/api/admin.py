@@ -32,23 +32,17 @@ from gateway.routing.adapters import Adapters, LoadResult
 from gateway.routing.router import Router
 from model_store.adapter import ADAPTER_NAME
 
-PREFIX = "/admin/"
 _NAME = re.compile(ADAPTER_NAME)
-
-_MISSING = AuthenticationFailed(
-    "The admin API needs the admin key in the Authorization header as 'Bearer <key>'."
-)
-_INVALID = AuthenticationFailed("Incorrect admin key provided.")
-_WWW = [(b"www-authenticate", b'Bearer realm="llmserve-admin"')]
 
 
 class AdminAuthMiddleware(AuthMiddleware):
     """Every /admin/ request carries the admin key (its SHA-256 is `digest`), or gets a 401."""
 
-    prefix = PREFIX
-    missing = _MISSING
-    invalid = _INVALID
-    www = _WWW
+    prefix = "/admin/"
+    missing = AuthenticationFailed(
+        "The admin API needs the admin key in the Authorization header as 'Bearer <key>'.")
+    invalid = AuthenticationFailed("Incorrect admin key provided.")
+    www = ((b"www-authenticate", b'Bearer realm="llmserve-admin"'),)
 
     def __init__(self, app: ASGIApp, digest: bytes) -> None:
         super().__init__(app, KeyStore([ApiKey("admin", digest)]))

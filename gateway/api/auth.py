@@ -14,11 +14,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.errors import AuthenticationFailed, send_error
 from gateway.flow.keys import KeyStore
 
-_MISSING = AuthenticationFailed(
-    "You didn't provide an API key. Provide it in the Authorization header as 'Bearer <key>'.")
-_INVALID = AuthenticationFailed("Incorrect API key provided.")
-_WWW = [(b"www-authenticate", b'Bearer realm="llmserve"')]
-
 
 def bearer_token(scope: Scope) -> bytes | None:
     """The token of the request's `Authorization: Bearer <token>` header, or None."""
@@ -33,9 +28,11 @@ def bearer_token(scope: Scope) -> bytes | None:
 
 class AuthMiddleware:
     prefix: ClassVar[str] = "/v1/"
-    missing: ClassVar[AuthenticationFailed] = _MISSING
-    invalid: ClassVar[AuthenticationFailed] = _INVALID
-    www: ClassVar[list[tuple[bytes, bytes]]] = _WWW
+    missing: ClassVar[AuthenticationFailed] = AuthenticationFailed(
+        "You didn't provide an API key. Provide it in the Authorization header as 'Bearer <key>'.")
+    invalid: ClassVar[AuthenticationFailed] = AuthenticationFailed("Incorrect API key provided.")
+    www: ClassVar[tuple[tuple[bytes, bytes], ...]] = (
+        (b"www-authenticate", b'Bearer realm="llmserve"'),)
 
     def __init__(self, app: ASGIApp, keys: KeyStore) -> None:
         self.app = app
