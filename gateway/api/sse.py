@@ -21,15 +21,13 @@ USAGE_KEY = b'"usage":'
 class Usage:
     """The latest token counts a stream reported, and whether to strip the usage-only event."""
 
-    __slots__ = ("_strip", "completion_tokens", "known", "prompt_tokens")
+    __slots__ = ("_strip", "counts")
 
     def __init__(self, strip: bool) -> None:
         self._strip = strip
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        # False until a well-formed usage arrives, and again if a later one is malformed: then
-        # the counts above are not to be trusted (gateway/usage.py).
-        self.known = False
+        # (prompt, completion tokens); None until a well-formed usage arrives, and again if a
+        # later one is malformed: then no count is to be trusted (gateway/usage.py).
+        self.counts: tuple[int, int] | None = None
 
     def take(self, chunk: bytes) -> bytes:
         """Record (and maybe drop) the event(s) carrying usage in a chunk of whole events; return
@@ -65,12 +63,6 @@ class Usage:
         usage = obj.get("usage")
         if usage is None:
             return False
-        counts = usage_counts(usage)
-        if counts is None:
-            self.known = False
-            self.prompt_tokens = self.completion_tokens = 0
-        else:
-            # With continuous usage stats every chunk carries running totals: keep the latest.
-            self.known = True
-            self.prompt_tokens, self.completion_tokens = counts
+        # With continuous usage stats every chunk carries running totals: keep the latest.
+        self.counts = usage_counts(usage)
         return obj.get("choices") == [] and isinstance(usage, dict)

@@ -108,12 +108,12 @@ async def relay_stream(
         if splice.saw_done:
             del itl[max(0, len(itl) - (2 if req.client_wants_usage else 1)):]
         series.itl.observe_many(itl)
-        usage = splice.usage
-        if usage.completion_tokens > 1:
-            series.tpot.observe((e2e - ttft) / (usage.completion_tokens - 1))
+        counts = splice.usage.counts
+        if counts is not None and counts[1] > 1:
+            series.tpot.observe((e2e - ttft) / (counts[1] - 1))
         series.request(backend.url, status)
-        if usage.known:
-            count_usage(m, req.model, tenant, (usage.prompt_tokens, usage.completion_tokens))
+        if counts is not None:
+            count_usage(m, req.model, tenant, counts)
         elif complete:  # a cut stream may just not have reached its usage yet
             series.usage_invalid.inc()
     if not complete:

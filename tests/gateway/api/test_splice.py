@@ -60,7 +60,7 @@ def test_done_is_kept_for_asgi_and_usage_stripped() -> None:
     assert s.feed(USAGE + DONE, 0.0) is False  # stop: the proxy sends the end itself
     assert s.final == DONE and s.saw_done and not s.blocked
     assert w.written == [b"data: a\n\n"]
-    assert s.usage.completion_tokens == 2
+    assert s.usage.counts == (3, 2)
 
 
 def test_a_usage_event_alone_stripped_is_not_an_event() -> None:
@@ -69,7 +69,7 @@ def test_a_usage_event_alone_stripped_is_not_an_event() -> None:
     assert s.feed(b"data: a\n\n", 0.1) is True
     assert s.feed(USAGE, 0.2) is True
     assert w.written == [b"data: a\n\n"] and s.gaps == pytest.approx([0.1])
-    assert s.usage.known
+    assert s.usage.counts == (3, 2)
 
 
 def test_a_full_client_buffer_stops_the_feed_after_writing() -> None:
@@ -126,4 +126,4 @@ def test_any_reads_give_the_client_every_event_once_and_a_gap_each(
     assert len(s.gaps) == len(events) + (2 if usage else 1)
     # Each chunk's gap runs from the previous chunk's time: together, up to [DONE]'s arrival.
     assert min(s.gaps) >= 0 and sum(s.gaps) == pytest.approx(now)
-    assert s.usage.known and s.usage.completion_tokens == 2
+    assert s.usage.counts == (3, 2)
