@@ -149,16 +149,16 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     app.include_router(
         build_routes(router, metrics, lambda: state.draining, settings.health_interval_s,
                      layouts_by_model(settings.pools), adapters.parent_of))
-    admin_digest = settings.admin_digest
-    if admin_digest is not None:
-        app.include_router(build_admin_routes(adapters, router))
     lane = FastLane(app, {
         "/v1/chat/completions": ProxyEndpoint(state, "/v1/chat/completions", "chat"),
         "/v1/completions": ProxyEndpoint(state, "/v1/completions", "completion"),
     })
-    # Outermost first: request id, body limit, auth (only with a keys file), then the lanes.
+    # Outermost first: request id, body limit, admin auth and API-key auth (each only when
+    # configured), then the lanes.
     inner: ASGIApp = lane if keys is None else AuthMiddleware(lane, keys)
+    admin_digest = settings.admin_digest
     if admin_digest is not None:
+        app.include_router(build_admin_routes(adapters, router))
         inner = AdminAuthMiddleware(inner, admin_digest)
     outer = RequestIdMiddleware(BodyLimitMiddleware(inner, max_bytes=settings.max_body_bytes))
     return GatewayApp(outer, app, state)

@@ -24,13 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.loop_metrics import (
-    CounterValue,
-    LoopCounter,
-    LoopHistogram,
-)
+from gateway.loop_metrics import CounterValue, LoopCounter, LoopHistogram
 
-# TTFT on CPU engines spans milliseconds to seconds under load; GPU clusters sit at the low end.
 _TTFT_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
     7.5, 10.0, 20.0, 30.0, 60.0,
@@ -40,11 +35,15 @@ _TOKEN_GAP_BUCKETS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
     0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
 )
+_E2E_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)
 _QUEUE_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
 )
 _BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 _BATCH_DELAY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+
 
 class _Scraped(Collector):
     """Families built from `view` when Prometheus scrapes: nothing on the request path."""
@@ -165,9 +164,6 @@ class _AdapterCollector(_Scraped):
             for outcome, n in v.loads().items():
                 loads.add_metric([outcome], n)
         yield from (info, residency, loads)
-
-
-_E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 class ModelSeries:

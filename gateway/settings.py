@@ -55,9 +55,8 @@ class FlowSettings(BaseModel):
     max_queue: int = Field(512, ge=0, description="queued requests per pool before 503")
     # Small, not to overfill a small replica with a cold burst; slow start doubles it per round
     # trip (flow/admission.py).
-    initial_limit: int = Field(24, ge=1, description="starting concurrency limit per pool "
-                                                      "(at most what one replica serves within "
-                                                      "the TTFT target)")
+    initial_limit: int = Field(24, ge=1, description="starting concurrency limit per pool (at "
+                               "most what one replica serves within the TTFT target)")
     min_limit: int = Field(2, ge=1, description="floor of the adaptive concurrency limit")
     max_limit: int = Field(
         1024, ge=1, description="ceiling of the adaptive concurrency limit per available replica "
@@ -143,14 +142,11 @@ class EdgeSettings(BaseModel):
 
 
 class PoolLayout(BaseModel):
-    """One worker pool as the chart deploys it. The gateway routes by model and cannot see a
-    layout (vLLM's API does not say), yet dashboards (`llmserve_pool_info`) and benchmark reports
-    (`/v1/models`, read by `python -m loadtest compare`) must.
+    """One worker pool as the chart deploys it: vLLM's API does not tell a replica's layout, which
+    dashboards (`llmserve_pool_info`) and benchmark reports (`/v1/models`) show.
 
-    A pool that an autoscaler may take to zero replicas says so here (`scale_to_zero`): with no
-    replica the gateway cannot learn its model from the engines, so the declaration names it, and
-    requests for it wait up to `wake_budget_s` for a replica instead of a fast 503
-    (gateway/routing/wake.py)."""
+    A pool that may scale to zero (`scale_to_zero`) names its model here, as no engine does then;
+    its requests wait up to `wake_budget_s` for a replica instead of a fast 503 (routing/wake.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -359,7 +355,7 @@ class GatewaySettings(BaseSettings):
         out = []
         for url in v:
             url = url.strip().rstrip("/")
-            if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
+            if not url.startswith(("http://", "https://")):  # "http://" alone was cut to "http:"
                 raise ValueError(
                     f"GATEWAY_BACKENDS: {url!r} is not a base URL like http://host:port")
             out.append(url)
@@ -380,9 +376,7 @@ class GatewaySettings(BaseSettings):
             raise ValueError("GATEWAY_DNS_NAME is required when GATEWAY_DISCOVERY=dns")
         if self.discovery == "kubernetes" and not self.k8s_service:
             raise ValueError("GATEWAY_K8S_SERVICE is required when GATEWAY_DISCOVERY=kubernetes")
-        if self.discovery == "static" and self.backends and len(set(self.backends)) != len(
-            self.backends
-        ):
+        if self.discovery == "static" and len(set(self.backends)) != len(self.backends):
             raise ValueError("GATEWAY_BACKENDS lists the same backend twice")
         if self.admin_key is not None and len(self.admin_key.get_secret_value()) < ADMIN_KEY_MIN:
             raise ValueError(f"GATEWAY_ADMIN_KEY must be at least {ADMIN_KEY_MIN} characters")

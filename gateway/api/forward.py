@@ -59,15 +59,13 @@ class Forwarder:
         try:
             await try_replicas(d, model, tried, lambda backend: self._attempt(
                 backend, req, raw, headers, send, ex, pool, tenant), route)
-            return
         except GatewayError as exc:
-            error = exc
-        if tried:
-            log_failure(ex, error)
-        else:  # no replica to try: counted here, with a made-up model name as "unknown"
-            label = model if d.router.knows_model(model) else "unknown"
-            d.metrics.requests.labels(label, "", str(error.status)).inc()
-        await send_error(send, error)
+            if tried:
+                log_failure(ex, exc)
+            else:  # no replica to try: counted here, with a made-up model name as "unknown"
+                label = model if d.router.knows_model(model) else "unknown"
+                d.metrics.requests.labels(label, "", str(exc.status)).inc()
+            await send_error(send, exc)
 
     async def _attempt(
         self, backend: Backend, req: ParsedRequest, raw: bytes, headers: dict[str, str],

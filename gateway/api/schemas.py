@@ -37,19 +37,6 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check_messages(v: object) -> None:
-    if not isinstance(v, list) or not v:
-        raise InvalidRequest("messages must be a non-empty array", param="messages")
-    for i, m in enumerate(v):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise InvalidRequest(
-                f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
-
-
 def _check_prompt(v: object) -> None:
     if isinstance(v, str):
         return
@@ -83,7 +70,13 @@ def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
         raise InvalidRequest("stream must be a boolean", param="stream")
 
     if kind == "chat":
-        _check_messages(body.get("messages"))
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequest("messages must be a non-empty array", param="messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise InvalidRequest(
+                    f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
     elif "prompt" not in body:
         raise InvalidRequest("prompt is required", param="prompt")
     else:
@@ -110,6 +103,6 @@ def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
             raise InvalidRequest(f"{name} must be an integer >= 1", param=name)
     for name, (lo, hi) in RANGES.items():
         v = body.get(name)
-        if v is not None and (not _is_number(v) or not lo <= v <= hi):
+        if v is not None and (type(v) not in (int, float) or not lo <= v <= hi):
             raise InvalidRequest(f"{name} must be a number between {lo:g} and {hi:g}", param=name)
     return ParsedRequest(kind, body, model, stream, wants_usage)
