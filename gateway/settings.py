@@ -146,7 +146,7 @@ class PoolLayout(BaseModel):
     dashboards (`llmserve_pool_info`) and benchmark reports (`/v1/models`) show.
 
     A pool that may scale to zero (`scale_to_zero`) names its model here, as no engine does then;
-    its requests wait up to `wake_budget_s` for a replica instead of a fast 503 (routing/wake.py)."""
+    its requests wait up to `wake_budget_s` for a replica, not a fast 503 (routing/wake.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -3,7 +3,7 @@
 At a real decode pace every SSE event arrives alone, so the per-chunk work is paid once per token.
 The transport hands each read's body to a `Splice` (`UpstreamResponse.push`); the proxy's task
 sleeps until the stream ends, the client's buffer fills, or the splice holds something to send.
-Where the server offers a `ClientWriter` in `scope["state"]` (the gateway's edge protocol), the
+Where the server offers a `ClientWriter` in `scope["state"]` (the gateway's edge protocol does), the
 splice writes each chunk, framed, to the client's connection itself; the head, the first and last
 events and any in-band error go through ASGI `send`, so the server's bookkeeping stays whole.
 """
@@ -11,8 +11,7 @@ events and any in-band error go through ASGI `send`, so the server's bookkeeping
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Callable
 
 from gateway.api.sse import DONE_EVENT, EVENT_END, USAGE_KEY, Usage
 
@@ -20,21 +19,47 @@ from gateway.api.sse import DONE_EVENT, EVENT_END, USAGE_KEY, Usage
 WRITER_KEY = "llmserve.client_writer"
 
 
-class ClientWriter(Protocol):
-    """What a server offers for direct writes of a chunked response's body, whose head and end go
-    through ASGI `send` (gateway/edge/writer.py): the connection's transport, its write flow
-    control, whether it is lost, and a hook for a hang-up."""
+class ClientWriter:
+    """A client connection as the relay writes a chunked body to it (its head and end go through
+    ASGI `send`): the transport, whether its write buffer is full (the edge protocol forwards
+    `pause_writing` and `resume_writing`), whether it is lost, and a hang-up callback the proxy
+    sets per request, so that no task has to wait on `receive()` for the disconnect. One per
+    connection, offered to each of its requests in `scope["state"]`."""
 
-    transport: asyncio.WriteTransport
-    write_paused: bool
-    # True once the connection is lost: what is written then is dropped, as uvicorn's send does.
-    closed: bool
-    # Called by the server when the client's connection drops (set by the proxy per request).
-    lost: Callable[[], None] | None
+    __slots__ = ("_writable", "closed", "lost", "transport", "write_paused")
 
-    def drain(self) -> Awaitable[None]:
-        """Until the client's socket buffer has room again (or the client is gone)."""
-        ...
+    def __init__(self) -> None:
+        # Set once the connection is made, before any request can see the writer.
+        self.transport: asyncio.WriteTransport = None  # type: ignore[assignment]
+        self.write_paused = False
+        # True once the connection is lost: what is written then is dropped, as uvicorn's send.
+        self.closed = False
+        # Set by the proxy for the request it serves on this connection: cancels that request.
+        self.lost: Callable[[], None] | None = None
+        self._writable: asyncio.Future[None] | None = None
+
+    async def drain(self) -> None:
+        """Until the client's socket buffer has room again, or the connection is gone."""
+        if self.write_paused:
+            if self._writable is None:
+                self._writable = asyncio.get_running_loop().create_future()
+            # Shielded: one waiter's cancellation must not cancel the future another waits on.
+            await asyncio.shield(self._writable)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    def connection_lost(self) -> None:
+        self.closed = True
+        self.resume_writing()  # nothing waits for a buffer that will never drain
+        if self.lost is not None:
+            self.lost()
 
 
 class Splice:

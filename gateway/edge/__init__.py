@@ -4,8 +4,7 @@ uvicorn's httptools protocol has no cap on the request head, no deadline for a h
 that never completes, and no cap on idle connections (`limit_concurrency` counts requests, and
 answers /health with a text/plain 503). The edge adds them on uvicorn's public surface: a protocol
 subclass calling `super()` in every callback it extends (`protocol.EdgeProtocol`), with the limits
-and refusal records a process shares (`limits.Edge`), the connection as the streamed relay writes
-to it (`writer.ConnectionWriter`), and a listener of the probes' own (`probe`).
+and refusal records a process shares (`limits.Edge`), and a listener of the probes' own (`probe`).
 """
 
 from gateway.edge.limits import Edge, check_fd_limit

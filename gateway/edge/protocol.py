@@ -14,8 +14,8 @@ where the client can still read it, then input is dropped until the client close
 `_LINGER_S` / `_LINGER_BYTES`): closing with unread input would reset the answer away.
 
 uvicorn copies `app_state` into every request's `scope["state"]`: that is how a request finds its
-connection's `ConnectionWriter`. The protocol's own state has class-private names, so that no
-attribute a later uvicorn adds can collide with it.
+connection's `ClientWriter` (api/splice.py). The protocol's own state has class-private names, so
+that no attribute a later uvicorn adds can collide with it.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from gateway.api.splice import WRITER_KEY
+from gateway.api.splice import WRITER_KEY, ClientWriter
 from gateway.edge.limits import Edge, raw_response
-from gateway.edge.writer import ConnectionWriter
 from gateway.errors import GatewayError, HeadTooLarge, InvalidRequest, RequestTimeout
 
 _LINGER_S = 0.5
@@ -50,7 +49,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.__writer = ConnectionWriter()
+        self.__writer = ClientWriter()
         super().__init__(config, server_state, {**app_state, WRITER_KEY: self.__writer}, _loop)
         s = self.edge.settings
         self.__loop = _loop or asyncio.get_running_loop()

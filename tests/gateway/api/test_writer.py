@@ -1,11 +1,11 @@
-"""gateway/edge/writer.py: a connection's write flow and hang-up, as the streamed relay uses them."""
+"""api/splice.py's ClientWriter: a connection's write flow and hang-up, as the relay uses them."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from gateway.edge.writer import ConnectionWriter
+from gateway.api.splice import ClientWriter
 from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
@@ -20,7 +20,7 @@ async def _pending(coro: object) -> asyncio.Task[None]:
 
 
 async def test_drain_returns_at_once_unless_paused_then_when_resumed() -> None:
-    w = ConnectionWriter()
+    w = ClientWriter()
     await asyncio.wait_for(w.drain(), 1)
     w.pause_writing()
     first, second = await _pending(w.drain()), await _pending(w.drain())
@@ -34,7 +34,7 @@ async def test_drain_returns_at_once_unless_paused_then_when_resumed() -> None:
 
 
 async def test_a_lost_connection_wakes_the_drain_and_tells_the_request() -> None:
-    w = ConnectionWriter()
+    w = ClientWriter()
     told = []
     w.lost = lambda: told.append(1)
     w.pause_writing()
