@@ -102,9 +102,8 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     state = ProxyDeps(settings, router, transport, metrics, admission, wake=wake,
                       parent_of=adapters.parent_of)
 
-    # Off the request path: adapters added at run time follow replicas that restart or join;
-    # admission watches the replicas' count (each pool's ceiling follows it) and the engines'
-    # queues.
+    # Off the request path: run-time adapters follow replicas that restart or join; admission
+    # follows the replicas' count (each pool's ceiling) and the engines' queues.
     watches: list[tuple[float, Callable[[], Awaitable[object]], str]] = [
         (settings.health_interval_s, adapters.reconcile, "adapter reconcile")]
     if admission is not None:

@@ -235,9 +235,8 @@ class GatewayMetrics:
             buckets=_E2E_BUCKETS,
             registry=r,
         )
-        # The same definitions as `vllm bench serve`, so the gateway's and the load test's figures
-        # compare: TPOT = (E2E - TTFT) / (output tokens - 1), once per stream of 2+ tokens; ITL =
-        # the gap between two successive content events, once per event after the first.
+        # As `vllm bench serve` defines them (the help texts say how), so the gateway's and the
+        # load test's figures compare.
         self.tpot = LoopHistogram(
             "llmserve_tpot_seconds",
             "Time per output token of streamed requests after the first: (E2E - TTFT) / "
@@ -269,8 +268,7 @@ class GatewayMetrics:
             ["model", "backend", "status"],
             registry=r,
         )
-        # Read from the server's own set of request tasks at scrape time (gateway/server.py): a
-        # middleware counting them cost a coroutine frame on every suspension of every request.
+        # Read from uvicorn's set of request tasks at scrape time (gateway/server.py).
         self.in_flight = Gauge(
             "llmserve_requests_in_flight", "HTTP requests being served on the API listener",
             registry=r,

@@ -83,8 +83,7 @@ class _DrainingServer(uvicorn.Server):
     """uvicorn's server with the probe listener and the drain. Its own state has class-private
     names, so that no attribute a later uvicorn adds can collide with it."""
 
-    def __init__(self, config: uvicorn.Config, state: ProxyDeps, edge: Edge | None = None,
-                 ) -> None:
+    def __init__(self, config: uvicorn.Config, state: ProxyDeps, edge: Edge | None = None) -> None:
         super().__init__(config)
         self.__state = state
         self.__edge = edge
