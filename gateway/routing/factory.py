@@ -9,11 +9,11 @@ from gateway.routing.discovery.base import Discovery
 from gateway.routing.discovery.dns import Dns
 from gateway.routing.discovery.static import Static
 from gateway.routing.policy import LeastOutstanding, RoundRobin, RoutingPolicy
-from gateway.routing.probe import Prober
 from gateway.routing.residency import Residency, ResidentFirst
 from gateway.routing.retry_budget import RetryBudget
 from gateway.routing.router import Router
 from gateway.settings import AffinitySettings, GatewaySettings, wake_budgets
+from gateway.transport.prober import HttpProber
 
 # By name: exactly settings.PolicyName (tests/gateway/routing/test_factory.py). Not in policy.py,
 # which affinity.py imports.
@@ -53,14 +53,11 @@ def build_discovery(settings: GatewaySettings) -> Discovery:
     return Static(settings.backends)
 
 
-def build_router(settings: GatewaySettings, prober: Prober,
+def build_router(settings: GatewaySettings, prober: HttpProber,
                  residency: Residency | None = None) -> Router:
-    default = make_policy(settings.routing_policy, settings.affinity)
-
     def policy_for(model: str) -> RoutingPolicy:
-        # One policy object per model pool: its state and its metrics stay per pool. A LoRA
-        # adapter's pool routes by residency first: the prober has told the adapter registry the
-        # adapter's base before the router asks for its pool.
+        # A LoRA adapter's pool routes by residency first: the prober has told the adapter
+        # registry the adapter's base before the router asks for its pool.
         policy = make_policy(settings.routing_policies.get(model, settings.routing_policy),
                              settings.affinity)
         if residency is not None and residency.adapters.parent_of(model) is not None:
@@ -70,13 +67,12 @@ def build_router(settings: GatewaySettings, prober: Prober,
     return Router(
         build_discovery(settings),
         prober,
-        default,
+        policy_for,
         health_interval_s=settings.health_interval_s,
         eject_after_failures=settings.eject_after_failures,
         eject_for_s=settings.eject_for_s,
         eject_failure_rate=settings.eject_failure_rate,
         retry_budget=RetryBudget(settings.retry_budget, settings.retry_budget_min),
         max_ejection_percent=settings.max_ejection_percent,
-        policy_for=policy_for,
         # Known without a replica: their pools may be at zero (gateway/routing/wake.py).
         standby=wake_budgets(settings.pools))

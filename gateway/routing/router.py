@@ -27,8 +27,8 @@ from gateway.routing.affinity import PrefixAffinity
 from gateway.routing.backend import Backend, CacheLife
 from gateway.routing.discovery.base import Discovery
 from gateway.routing.policy import RouteRequest, RoutingPolicy
-from gateway.routing.probe import Prober
 from gateway.routing.retry_budget import RetryBudget
+from gateway.transport.prober import HttpProber
 
 log = logging.getLogger("gateway.router")
 
@@ -40,8 +40,8 @@ class Router:
     def __init__(
         self,
         discovery: Discovery,
-        prober: Prober,
-        policy: RoutingPolicy,
+        prober: HttpProber,
+        policy_for: Callable[[str], RoutingPolicy],
         *,
         health_interval_s: float,
         eject_after_failures: int,
@@ -49,18 +49,17 @@ class Router:
         eject_failure_rate: float = 1.0,
         retry_budget: RetryBudget | None = None,
         max_ejection_percent: int = 50,
-        policy_for: Callable[[str], RoutingPolicy] | None = None,
         standby: Collection[str] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._discovery = discovery
         self._prober = prober
-        self._policy = policy
         self._interval = health_interval_s
         self._eject_after = eject_after_failures
         self._eject_for = eject_for_s
         self._eject_rate = eject_failure_rate
         self._max_eject = max_ejection_percent
+        # One policy object per model pool, kept across rebuilds: its state and metrics per pool.
         self._policy_for = policy_for
         self._policies: dict[str, RoutingPolicy] = {}
         self._clock = clock
@@ -246,10 +245,7 @@ class Router:
     def routing_stats(self) -> Iterator[tuple[str, int, int, dict[str, int], int, int, int]]:
         """(pool, hits, misses, fallbacks, keys moved, entries, panics) for the metrics: pools
         with an affinity policy or a panic so far."""
-        if self._policy_for is None:
-            policies: dict[str, RoutingPolicy] = {m: e[2] for m, e in self._pools.items()}
-        else:
-            policies = self._policies
+        policies = self._policies
         for m in sorted(set(policies) | set(self.panics)):
             p = policies.get(m)
             p = getattr(p, "inner", p)  # a wrapper (LoRA residency) around the pool's policy
@@ -271,8 +267,6 @@ class Router:
                        for m, bs in pools.items()}
 
     def _policy_of(self, model: str) -> RoutingPolicy:
-        if self._policy_for is None:
-            return self._policy
         policy = self._policies.get(model)
         if policy is None:
             policy = self._policies[model] = self._policy_for(model)
@@ -300,8 +294,6 @@ class Router:
             async for urls in self._discovery.updates():
                 log.info("discovered %d backend(s)", len(urls))
                 await self.set_backends(urls)
-        except asyncio.CancelledError:
-            raise
         except Exception:
             # Keep routing to the last known set; a dead discovery must at least be loud.
             log.exception("backend discovery stopped; keeping the last known backends")
@@ -311,8 +303,6 @@ class Router:
         try:
             ok = await self._prober.health(b.url)
             models = await self._prober.models(b.url) if ok else None
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - a prober bug must not end probing for all
             log.warning("probing %s raised %r; counting it as down", b.url, exc)
             ok, models = False, None

@@ -1,4 +1,4 @@
-"""Health and model probes over the transport; satisfies `gateway.routing.probe.Prober`.
+"""Health and model probes over the transport: what the router asks of each replica.
 
 A replica's /v1/models lists its base model and every LoRA adapter it has loaded, each adapter
 with its base as `parent` and its directory as `root` (as vLLM answers). The router needs the ids

@@ -35,7 +35,7 @@ async def test_demand_sums_the_wake_gate_the_queue_and_the_requests_in_flight() 
     # A fixed clock: slow start, and no first token overdue, so the door queues the second
     # request on its promise rather than refusing it.
     admission = Admission(FlowSettings(initial_limit=1, min_limit=1), metrics, clock=lambda: 50.0)
-    router = Router(Static([]), NoProbes(), LeastOutstanding(), health_interval_s=3600,
+    router = Router(Static([]), NoProbes(), lambda _: LeastOutstanding(), health_interval_s=3600,
                     eject_after_failures=1, eject_for_s=1, standby=["asleep"])
     wake = WakeGate({"asleep": 60.0}, router, metrics)
     demand = Demand(router, admission, wake)

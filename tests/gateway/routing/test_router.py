@@ -53,6 +53,11 @@ class PushDiscovery:
 
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
+
+
+def least(model: str) -> LeastOutstanding:
+    """One least-outstanding policy per model pool."""
+    return LeastOutstanding()
 Setup = tuple[Router, FakeProber, Clock]
 
 
@@ -79,7 +84,7 @@ async def settle(router: Router, predicate: object) -> None:
 async def setup() -> AsyncIterator[Setup]:
     prober = FakeProber({A: ["llama"], B: ["llama"], C: ["qwen"]})
     clock = Clock()
-    router = Router(Static([A, B, C]), prober, LeastOutstanding(),
+    router = Router(Static([A, B, C]), prober, least,
                     health_interval_s=3600, eject_after_failures=2, eject_for_s=10, clock=clock)
     await router.start()
     await settle(router, router.ready)
@@ -191,7 +196,7 @@ async def test_all_ejected_is_not_ready_but_panic_still_routes() -> None:
     prober = FakeProber({A: ["llama"], B: ["llama"], C: ["qwen"]})
     clock = Clock()
     # No ejection cap: every backend can be ejected at once.
-    router = Router(Static([A, B, C]), prober, LeastOutstanding(), health_interval_s=3600,
+    router = Router(Static([A, B, C]), prober, least, health_interval_s=3600,
                     eject_after_failures=2, eject_for_s=10, max_ejection_percent=100, clock=clock)
     await router.start()
     try:
@@ -235,7 +240,7 @@ async def test_prober_exception_counts_as_down_and_probing_goes_on(setup: Setup)
 
 async def test_probe_loop_marks_down_and_up() -> None:
     prober = FakeProber({A: ["llama"], B: ["llama"]})
-    router = Router(Static([A, B]), prober, LeastOutstanding(), health_interval_s=0.01,
+    router = Router(Static([A, B]), prober, least, health_interval_s=0.01,
                     eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
@@ -252,7 +257,7 @@ async def test_probe_loop_marks_down_and_up() -> None:
 async def test_discovery_churn_through_updates() -> None:
     prober = FakeProber({A: ["llama"], B: ["llama"], C: ["qwen"]})
     disco = PushDiscovery()
-    router = Router(disco, prober, LeastOutstanding(), health_interval_s=3600,
+    router = Router(disco, prober, least, health_interval_s=3600,
                     eject_after_failures=1, eject_for_s=60)
     await router.start()
     try:
@@ -285,7 +290,7 @@ async def test_discovery_churn_through_updates() -> None:
 async def test_new_backend_is_unavailable_until_its_first_probe_passes() -> None:
     prober = FakeProber({A: ["llama"]})
     disco = PushDiscovery()
-    router = Router(disco, prober, LeastOutstanding(), health_interval_s=0.02,
+    router = Router(disco, prober, least, health_interval_s=0.02,
                     eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
@@ -303,7 +308,7 @@ async def test_new_backend_is_unavailable_until_its_first_probe_passes() -> None
 
 async def test_not_ready_until_first_probe_passes() -> None:
     prober = FakeProber({})
-    router = Router(Static([A]), prober, LeastOutstanding(), health_interval_s=0.05,
+    router = Router(Static([A]), prober, least, health_interval_s=0.05,
                     eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
@@ -316,7 +321,7 @@ async def test_not_ready_until_first_probe_passes() -> None:
 
 
 async def test_no_model_known_before_any_probe_passes() -> None:
-    router = Router(Static([A]), FakeProber({}), LeastOutstanding(),
+    router = Router(Static([A]), FakeProber({}), least,
                     health_interval_s=3600, eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
@@ -329,7 +334,7 @@ async def test_no_model_known_before_any_probe_passes() -> None:
 
 
 async def test_stop_cancels_background_tasks() -> None:
-    router = Router(PushDiscovery(), FakeProber({}), LeastOutstanding(), health_interval_s=0.01,
+    router = Router(PushDiscovery(), FakeProber({}), least, health_interval_s=0.01,
                     eject_after_failures=1, eject_for_s=1)
     await router.start()
     tasks = [t for t in asyncio.all_tasks() if t.get_name().startswith("router-")]
@@ -345,7 +350,7 @@ D = "http://d:1"
 
 async def limited_router(prober: FakeProber, urls: list[str], percent: int,
                          **kw: object) -> Router:
-    router = Router(Static(urls), prober, LeastOutstanding(), health_interval_s=3600,
+    router = Router(Static(urls), prober, least, health_interval_s=3600,
                     eject_after_failures=1, eject_for_s=10, max_ejection_percent=percent,
                     **kw)  # type: ignore[arg-type]
     await router.start()
@@ -417,8 +422,8 @@ async def test_policy_per_pool_and_an_engine_restart_forgets_its_cache() -> None
         made[model] = p
         return p
 
-    router = Router(Static([A, B, C]), prober, LeastOutstanding(), health_interval_s=3600,
-                    eject_after_failures=1, eject_for_s=10, policy_for=policy_for)
+    router = Router(Static([A, B, C]), prober, policy_for, health_interval_s=3600,
+                    eject_after_failures=1, eject_for_s=10)
     await router.start()
     try:
         await settle(router, router.ready)
@@ -452,8 +457,8 @@ async def test_a_draining_engine_forgets_its_cache_like_a_failed_probe() -> None
 
     prober = FakeProber({A: ["llama"], B: ["llama"]})
     policy = PrefixAffinity()
-    router = Router(Static([A, B]), prober, LeastOutstanding(), health_interval_s=3600,
-                    eject_after_failures=1, eject_for_s=10, policy_for=lambda _: policy)
+    router = Router(Static([A, B]), prober, lambda _: policy, health_interval_s=3600,
+                    eject_after_failures=1, eject_for_s=10)
     await router.start()
     try:
         await settle(router, router.ready)
@@ -476,7 +481,7 @@ async def test_a_draining_engine_forgets_its_cache_like_a_failed_probe() -> None
 async def test_a_model_that_may_scale_to_zero_is_known_listed_and_ready_without_replicas() -> None:
     prober = FakeProber({A: ["llama"]})
     disco = PushDiscovery()
-    router = Router(disco, prober, LeastOutstanding(), health_interval_s=3600,
+    router = Router(disco, prober, least, health_interval_s=3600,
                     eject_after_failures=1, eject_for_s=60, standby=["qwen"])
     changes: list[bool] = []
     router.listen(lambda: changes.append(router.routable("qwen")))
