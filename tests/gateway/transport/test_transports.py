@@ -13,7 +13,6 @@ from aiohttp import web
 
 from gateway.errors import UpstreamFailed, UpstreamTimeout
 from gateway.settings import Timeouts
-from gateway.transport.base import Transport
 from gateway.transport.h1 import H1Transport
 
 
@@ -49,7 +48,7 @@ async def server() -> AsyncIterator[str]:
 
 @pytest.fixture
 def transport():  # type: ignore[no-untyped-def]
-    def make(**kw: float) -> Transport:
+    def make(**kw: float) -> H1Transport:
         return H1Transport(Timeouts(**{"connect_s": 1, "first_byte_s": 5, "idle_s": 5,
                                        "total_s": 10, **kw}))
     return make
