@@ -50,40 +50,18 @@ def own_namespace() -> str:
         return "default"
 
 
-def _field(obj: Any, name: str) -> Any:
-    # The client hands us model objects; tests and raw events may hand us dicts (camelCase keys
-    # are the same as the snake_case attributes for every field read here).
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-
-
-def slice_addresses(slice_obj: Any) -> set[str]:
-    """Ready addresses of one EndpointSlice (model object or plain dict)."""
-    out: set[str] = set()
-    for ep in _field(slice_obj, "endpoints") or []:
-        cond = _field(ep, "conditions")
-        if cond is not None and _field(cond, "ready") is False:
-            continue
-        out.update(_field(ep, "addresses") or [])
-    return out
-
-
-def slice_port(slice_obj: Any, port: int | str) -> int | None:
-    """The port number to use in this slice: a number as is, a name looked up in its ports."""
-    if isinstance(port, int):
-        return port
-    for p in _field(slice_obj, "ports") or []:
-        if _field(p, "name") == port and _field(p, "port") is not None:
-            return int(_field(p, "port"))
-    return None
-
-
 def slice_urls(slice_obj: Any, port: int | str) -> frozenset[str]:
-    number = slice_port(slice_obj, port)
+    """The URLs of one EndpointSlice's ready endpoints on `port`: a number as is, a name looked
+    up in the slice's ports (no URLs if it has no such port)."""
+    number = port if isinstance(port, int) else next(
+        (p.port for p in slice_obj.ports or [] if p.name == port and p.port is not None), None)
     if number is None:
         return frozenset()
     return frozenset(
         f"http://[{a}]:{number}" if ":" in a else f"http://{a}:{number}"
-        for a in slice_addresses(slice_obj))
+        for ep in slice_obj.endpoints or []
+        if ep.conditions is None or ep.conditions.ready is not False
+        for a in ep.addresses or [])
 
 
 class Kubernetes:

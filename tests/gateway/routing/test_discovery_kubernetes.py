@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from gateway.routing.discovery.base import DiscoveryError
-from gateway.routing.discovery.kubernetes import Kubernetes, slice_addresses, slice_urls
+from gateway.routing.discovery.kubernetes import Kubernetes
 
 PATH = "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices"
 SELECTOR = "kubernetes.io/service-name=workers"
@@ -128,17 +128,22 @@ async def collect(d: Kubernetes, n: int) -> list[frozenset[str]]:
         await it.aclose()
 
 
-def test_ready_condition_filters_addresses() -> None:
-    s = eps("a", ("10.0.0.1", True), ("10.0.0.2", False), ("10.0.0.3", None))
-    assert slice_addresses(s) == {"10.0.0.1", "10.0.0.3"}
+async def test_ready_condition_filters_addresses(api: tuple[FakeApi, client.ApiClient]) -> None:
+    fake, api_client = api
+    fake.lists = [[eps("a", ("10.0.0.1", True), ("10.0.0.2", False), ("10.0.0.3", None))]]
+    d = Kubernetes("ns", "workers", 8000, api_client=api_client, watch_timeout_s=1)
+    assert await collect(d, 1) == [{"http://10.0.0.1:8000", "http://10.0.0.3:8000"}]
 
 
-def test_ports_by_number_or_name_and_ipv6() -> None:
-    s = eps("a", ("10.0.0.1", True), ports=(("metrics", 9100), ("http", 8080)))
-    assert slice_urls(s, 8000) == {"http://10.0.0.1:8000"}
-    assert slice_urls(s, "http") == {"http://10.0.0.1:8080"}
-    assert slice_urls(s, "grpc") == frozenset()  # no such named port: nothing routable
-    assert slice_urls(eps("b", ("fd00::7", True)), 8000) == {"http://[fd00::7]:8000"}
+async def test_ports_by_number_or_name_and_ipv6(api: tuple[FakeApi, client.ApiClient]) -> None:
+    fake, api_client = api
+    fake.lists = [[eps("a", ("10.0.0.1", True), ports=(("metrics", 9100), ("http", 8080))),
+                   eps("b", ("fd00::7", True))]]
+    for port, want in ((8000, {"http://10.0.0.1:8000", "http://[fd00::7]:8000"}),
+                       ("http", {"http://10.0.0.1:8080", "http://[fd00::7]:8000"}),
+                       ("grpc", frozenset())):  # no such named port: nothing routable
+        d = Kubernetes("ns", "workers", port, api_client=api_client, watch_timeout_s=1)
+        assert await collect(d, 1) == [want]
 
 
 async def test_list_watch_and_relist_after_410_event(
