@@ -41,10 +41,6 @@ class WakeGate:
     def waiting(self, model: str) -> int:
         return self._waiting.get(model, 0)
 
-    def models(self) -> list[str]:
-        """The models that may scale to zero, sorted."""
-        return sorted(self._budgets)
-
     async def wait(self, model: str) -> None:
         """Until `model` has a routable replica; raises `Unavailable` (503, Retry-After) when
         its wake budget is spent first. Cancellation (client gone, drain) leaves quietly."""

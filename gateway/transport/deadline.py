@@ -49,16 +49,13 @@ class Deadline:
         else:
             self.expired = f"no first byte within {t.first_byte_s:g}s"
         on_expire = self._on_expire
-        self._let_go()
+        self._on_expire = _ignore
         on_expire()
 
     def cancel(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        self._let_go()
-
-    def _let_go(self) -> None:
         # What the deadline calls (a closure over the request's task and connection) refers back
         # to it: once it can no longer fire, it drops that, so that no cycle outlives the request
         # and waits for the cyclic GC.

@@ -26,16 +26,13 @@ class ModelCard:
     root: str | None = None
 
 
-CardsSink = Callable[[str, list[ModelCard]], None]
-
-
 def _opt_str(v: object) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
 class HttpProber:
     def __init__(self, transport: H1Transport, timeout_s: float,
-                 on_cards: CardsSink | None = None) -> None:
+                 on_cards: Callable[[str, list[ModelCard]], None]) -> None:
         self._transport = transport
         self._timeout_s = timeout_s
         self._on_cards = on_cards
@@ -61,6 +58,5 @@ class HttpProber:
                      for m in data]
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             return None
-        if self._on_cards is not None:
-            self._on_cards(base_url, cards)
+        self._on_cards(base_url, cards)
         return [c.id for c in cards]
