@@ -15,28 +15,13 @@ from gateway.routing.router import Router
 from gateway.settings import AffinitySettings, GatewaySettings, wake_budgets
 from gateway.transport.prober import HttpProber
 
-# By name: exactly settings.PolicyName (tests/gateway/routing/test_factory.py). Not in policy.py,
-# which affinity.py imports.
-_POLICIES: dict[str, Callable[[AffinitySettings | None], RoutingPolicy]] = {
+# By name: exactly settings.PolicyName (tests/gateway/routing/test_factory.py), so every name the
+# settings accept builds. Not in policy.py, which affinity.py imports.
+POLICIES: dict[str, Callable[[AffinitySettings], RoutingPolicy]] = {
     "least_outstanding": lambda _: LeastOutstanding(),
     "round_robin": lambda _: RoundRobin(),
     "prefix_affinity": PrefixAffinity,
 }
-
-
-def policy_names() -> list[str]:
-    return sorted(_POLICIES)
-
-
-def make_policy(name: str, affinity: AffinitySettings | None = None) -> RoutingPolicy:
-    """A fresh policy object by name (policies keep state, e.g. the rotation)."""
-    try:
-        factory = _POLICIES[name]
-    except KeyError:
-        raise ValueError(
-            f"GATEWAY_ROUTING_POLICY: unknown policy {name!r}; choose one of {policy_names()}"
-        ) from None
-    return factory(affinity)
 
 
 def build_discovery(settings: GatewaySettings) -> Discovery:
@@ -58,8 +43,8 @@ def build_router(settings: GatewaySettings, prober: HttpProber,
     def policy_for(model: str) -> RoutingPolicy:
         # A LoRA adapter's pool routes by residency first: the prober has told the adapter
         # registry the adapter's base before the router asks for its pool.
-        policy = make_policy(settings.routing_policies.get(model, settings.routing_policy),
-                             settings.affinity)
+        name = settings.routing_policies.get(model, settings.routing_policy)
+        policy = POLICIES[name](settings.affinity)
         if residency is not None and residency.adapters.parent_of(model) is not None:
             return ResidentFirst(policy, residency)
         return policy

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.routing.discovery.base import DiscoveryError
-from gateway.routing.factory import build_discovery, build_router, policy_names
+from gateway.routing.factory import POLICIES, build_discovery, build_router
 from gateway.settings import GatewaySettings, PolicyName
 
 
@@ -40,8 +40,8 @@ async def test_dns_settings_resolve_the_name() -> None:
 
 
 def test_the_settings_accept_exactly_the_policies_the_factory_builds() -> None:
-    # One list of names: the settings refuse at start-up what make_policy could not build.
-    assert set(get_args(PolicyName)) == set(policy_names())
+    # One list of names: the settings refuse at start-up what the factory could not build.
+    assert set(get_args(PolicyName)) == set(POLICIES)
     for name in get_args(PolicyName):
         assert GatewaySettings(routing_policy=name, routing_policies={"m": name})
     for bad in ({"routing_policy": "nope"}, {"routing_policies": {"m": "nope"}}):

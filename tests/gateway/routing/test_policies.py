@@ -2,10 +2,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-
 from gateway.routing.backend import Backend
-from gateway.routing.factory import make_policy, policy_names
 from gateway.routing.policy import LeastOutstanding, RouteRequest
 
 REQ = RouteRequest("m")
@@ -68,15 +65,3 @@ def test_empty_and_single() -> None:
     assert p.pick([], REQ) is None
     (only,) = backends(5)
     assert p.pick([only], REQ) is only
-
-
-def test_registry_by_name() -> None:
-    assert "least_outstanding" in policy_names()
-    assert isinstance(make_policy("least_outstanding"), LeastOutstanding)
-    # Each call is a fresh policy: two routers never share rotation state.
-    assert make_policy("least_outstanding") is not make_policy("least_outstanding")
-
-
-def test_unknown_policy_names_the_setting() -> None:
-    with pytest.raises(ValueError, match="GATEWAY_ROUTING_POLICY"):
-        make_policy("random-ish")
