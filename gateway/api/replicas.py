@@ -80,7 +80,7 @@ async def try_replicas(
                 break
             d.metrics.retries.labels(model).inc()
         tried.append(backend)
-        backend.acquire()
+        backend.outstanding += 1
         try:
             return await attempt(backend)
         except GatewayError as exc:
@@ -88,7 +88,7 @@ async def try_replicas(
             d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
             last_error = exc
         finally:
-            backend.release()
+            backend.outstanding -= 1
     if last_error is not None:
         raise last_error
     if router.knows_any_model() and not router.knows_model(model):

@@ -24,7 +24,7 @@ class Backend:
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        self.outstanding = 0
+        self.outstanding = 0  # requests in flight through this gateway
         self.models: frozenset[str] = frozenset()
         # Not routable until the first successful probe: a replica still loading its model
         # would otherwise take (and fail) the first requests.
@@ -33,12 +33,6 @@ class Backend:
         self.failures = 0
         self.failure_rate = 0.0  # moving average of its requests' failures (1) and successes (0)
         self.cache_life = CacheLife(self)
-
-    def acquire(self) -> None:
-        self.outstanding += 1
-
-    def release(self) -> None:
-        self.outstanding -= 1
 
     def available(self, now: float) -> bool:
         return self.probe_ok and now >= self.ejected_until

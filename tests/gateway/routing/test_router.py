@@ -102,9 +102,9 @@ async def test_one_pool_per_model(setup: Setup) -> None:
 
 async def test_least_outstanding_within_the_pool(setup: Setup) -> None:
     router, _, _ = setup
-    backend(router, A).acquire()
+    backend(router, A).outstanding += 1
     assert {url(router.pick("llama")) for _ in range(4)} == {B}
-    backend(router, A).release()
+    backend(router, A).outstanding -= 1
     assert {url(router.pick("llama")) for _ in range(4)} == {A, B}
 
 
@@ -272,12 +272,12 @@ async def test_discovery_churn_through_updates() -> None:
 
         in_flight = router.pick("qwen")
         assert in_flight is not None
-        in_flight.acquire()
+        in_flight.outstanding += 1
         router.report_failure(in_flight)  # ejected
         disco.put(A, B)  # C's pod went away mid-request
         await settle(router, lambda: len(router.backends()) == 2)
         assert router.pick("qwen") is None and not router.knows_model("qwen")
-        in_flight.release()  # the request still holds its reference and finishes normally
+        in_flight.outstanding -= 1  # the request still holds its reference and finishes normally
         assert in_flight.outstanding == 0
 
         disco.put(A, B, C)  # C comes back: a fresh backend, no ejection carried over
