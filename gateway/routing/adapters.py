@@ -89,20 +89,18 @@ class Adapters:
 
     def observe(self, url: str, cards: list[ModelCard]) -> None:
         url = url.rstrip("/")
-        adapters = {c.id: c for c in cards if c.parent is not None}
-        self._has[url] = set(adapters)
+        self._has[url] = {c.id for c in cards if c.parent is not None}
         self._bases[url] = frozenset(c.id for c in cards if c.parent is None)
-        for name, card in adapters.items():
-            parent = card.parent
-            assert parent is not None
-            if name in self._removed or name in self._adapters:
+        for c in cards:
+            if c.parent is None or c.id in self._removed or c.id in self._adapters:
                 continue
-            self._keep(Adapter(name, parent, card.root or ""))
+            self._adapters[c.id] = Adapter(c.id, c.parent, c.root or "")
+            self._recount()
             # Learned, not added: replicas up now may miss it for a reason (another gateway's
             # removal in progress); only lives that come up from now on are brought up to date.
             for b in self._available():
-                self._life(b.cache_life).ensured.add(name)
-            log.info("adapter %s of %s seen on %s (%s)", name, parent, url, card.root)
+                self._life(b.cache_life).ensured.add(c.id)
+            log.info("adapter %s of %s seen on %s (%s)", c.id, c.parent, url, c.root)
 
     # -- per request -----------------------------------------------------------------------------
 
@@ -134,11 +132,12 @@ class Adapters:
         """Load `name` on every available replica of `base` and keep it in the set if at least
         one took it (otherwise nothing changes; the results say why)."""
         async with self._lock:
-            targets = self._replicas_of(base)
+            targets = [b for b in self._available() if base in self._bases.get(b.url, ())]
             results = await asyncio.gather(*(self._load(b, name, path) for b in targets))
             if any(r.ok for r in results):
                 self._removed.discard(name)
-                self._keep(Adapter(name, base, path, ours=True))
+                self._adapters[name] = Adapter(name, base, path, ours=True)
+                self._recount()
                 for b, r in zip(targets, results, strict=True):
                     if r.ok:
                         self._life(b.cache_life).ensured.add(name)
@@ -150,8 +149,8 @@ class Adapters:
     async def remove(self, name: str) -> list[LoadResult]:
         """Unload `name` from every available replica that lists it, and drop it from the set."""
         async with self._lock:
-            adapter = self._adapters.get(name)
-            self._drop(name)
+            adapter = self._adapters.pop(name, None)
+            self._recount()
             self._removed.add(name)
             targets = [b for b in self._available() if name in self._present(b.url)]
             results = await asyncio.gather(*(self._unload(b, name) for b in targets))
@@ -217,21 +216,11 @@ class Adapters:
         now = self._clock()
         return [b for b in self._router.backends() if b.available(now)]
 
-    def _replicas_of(self, base: str) -> list[Backend]:
-        return [b for b in self._available() if base in self._bases.get(b.url, ())]
-
     def _present(self, url: str) -> set[str]:
         return self._has.get(url, set())
 
-    def _keep(self, a: Adapter) -> None:
-        self._adapters[a.name] = a
-        self._recount()
-
-    def _drop(self, name: str) -> None:
-        self._adapters.pop(name, None)
-        self._recount()
-
     def _recount(self) -> None:
+        """Follow a change of the set in the hot path's maps."""
         self._parents = {a.name: a.base for a in self._adapters.values()}
         self._counts = Counter(self._parents.values())
 
@@ -263,7 +252,8 @@ class Adapters:
                 a.name not in self._present(b.url) and a.name in self._life(b.cache_life).ensured
                 for b in replicas
             ):
-                self._drop(a.name)
+                del self._adapters[a.name]
+                self._recount()
                 log.info("adapter %s of %s is on no replica any more: forgotten", a.name, a.base)
         for name in list(self._removed):
             if up and not any(name in self._present(b.url) for b in up):
