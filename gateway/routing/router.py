@@ -187,10 +187,7 @@ class Router:
     def models(self) -> list[str]:
         """Models served by at least one available backend, and those that may scale to zero,
         sorted."""
-        now = self._clock()
-        return sorted(self._standby.union(
-            m for m, (pool, _, _) in self._pools.items() if any(b.available(now) for b in pool)
-        ))
+        return sorted(m for m, n in self.replicas().items() if n or m in self._standby)
 
     def replicas(self) -> dict[str, int]:
         """Available backends per model (a multi-node replica counts once: only its leader is a
@@ -202,12 +199,8 @@ class Router:
         return out
 
     def knows_model(self, model: str) -> bool:
-        """Served by some known backend, up or down, or declared scalable to zero: tells 503
-        (down) or a wait (asleep) from 404 (no such model).
-
-        A backend keeps the models of its last passed probe while it is down, so a model whose
-        every replica crashed is still known (503), not unknown (404).
-        """
+        """Served by some known backend, up or down (it keeps the models of its last passed
+        probe), or declared scalable to zero: tells 503 or a wait from 404 (no such model)."""
         return model in self._pools or model in self._standby
 
     def knows_any_model(self) -> bool:
@@ -245,9 +238,8 @@ class Router:
     def routing_stats(self) -> Iterator[tuple[str, int, int, dict[str, int], int, int, int]]:
         """(pool, hits, misses, fallbacks, keys moved, entries, panics) for the metrics: pools
         with an affinity policy or a panic so far."""
-        policies = self._policies
-        for m in sorted(set(policies) | set(self.panics)):
-            p = policies.get(m)
+        for m in sorted(set(self._policies) | set(self.panics)):
+            p = self._policies.get(m)
             p = getattr(p, "inner", p)  # a wrapper (LoRA residency) around the pool's policy
             panics = self.panics.get(m, 0)
             if isinstance(p, PrefixAffinity):
