@@ -13,12 +13,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import orjson
 
 from gateway.errors import GatewayError, RateLimitedLog
-from gateway.routing.backend import Backend, CacheLife
+from gateway.routing.backend import Backend
 from gateway.routing.router import Router
 from gateway.settings import LoraSettings
 from gateway.transport.h1 import H1Transport
@@ -52,15 +52,6 @@ class LoadResult:
     detail: str
 
 
-@dataclass
-class _Life:
-    """What the reconciler did for one life of one replica."""
-
-    ensured: set[str] = field(default_factory=set)
-    # name -> (failures so far, monotonic time of the next try)
-    retry: dict[str, tuple[int, float]] = field(default_factory=dict)
-
-
 class Adapters:
     """The adapter set per base, what each replica lists, and the reconcile loop."""
 
@@ -77,7 +68,6 @@ class Adapters:
         # url -> the adapters it has: its last listing, with our loads and unloads since
         self._has: dict[str, set[str]] = {}
         self._bases: dict[str, frozenset[str]] = {}  # url -> base models it serves
-        self._lives: dict[CacheLife, _Life] = {}
         self._removed: set[str] = set()
         self._lock = asyncio.Lock()
         self.loads = {"ok": 0, "failed": 0}
@@ -99,7 +89,7 @@ class Adapters:
             # Learned, not added: replicas up now may miss it for a reason (another gateway's
             # removal in progress); only lives that come up from now on are brought up to date.
             for b in self._available():
-                self._life(b.cache_life).ensured.add(c.id)
+                b.cache_life.ensured.add(c.id)
             log.info("adapter %s of %s seen on %s (%s)", c.id, c.parent, url, c.root)
 
     # -- per request -----------------------------------------------------------------------------
@@ -140,7 +130,7 @@ class Adapters:
                 self._recount()
                 for b, r in zip(targets, results, strict=True):
                     if r.ok:
-                        self._life(b.cache_life).ensured.add(name)
+                        b.cache_life.ensured.add(name)
                 log.info("adapter %s of %s added: %d of %d replica(s)", name, base,
                          sum(r.ok for r in results), len(results))
         await self._refresh()
@@ -154,9 +144,9 @@ class Adapters:
             self._removed.add(name)
             targets = [b for b in self._available() if name in self._present(b.url)]
             results = await asyncio.gather(*(self._unload(b, name) for b in targets))
-            for life in self._lives.values():
-                life.ensured.discard(name)
-                life.retry.pop(name, None)
+            for b in self._router.backends() if self._router is not None else []:
+                b.cache_life.ensured.discard(name)
+                b.cache_life.retry.pop(name, None)
             if adapter is not None:
                 log.info("adapter %s of %s removed from %d replica(s)", name, adapter.base,
                          sum(r.ok for r in results))
@@ -177,7 +167,7 @@ class Adapters:
             now = self._clock()
             todo: list[tuple[Backend, Adapter]] = []
             for b in self._available():
-                life = self._life(b.cache_life)
+                life = b.cache_life
                 present = self._present(b.url)
                 bases = self._bases.get(b.url, frozenset())
                 for a in self._adapters.values():
@@ -193,7 +183,7 @@ class Adapters:
             results = await asyncio.gather(*(self._load(b, a.name, a.path) for b, a in todo))
             now = self._clock()  # the loads took time: retries count from their answers
             for (b, a), r in zip(todo, results, strict=True):
-                life = self._life(b.cache_life)
+                life = b.cache_life
                 if r.ok:
                     life.ensured.add(a.name)
                     life.retry.pop(a.name, None)
@@ -224,18 +214,11 @@ class Adapters:
         self._parents = {a.name: a.base for a in self._adapters.values()}
         self._counts = Counter(self._parents.values())
 
-    def _life(self, life: CacheLife) -> _Life:
-        return self._lives.setdefault(life, _Life())
-
     def _prune(self) -> None:
-        """Forget lives that ended (a new life, or the replica left) and replicas that left."""
+        """Forget replicas that left."""
         if self._router is None:
             return
-        backends = self._router.backends()
-        current = {b.cache_life for b in backends}
-        for life in [x for x in self._lives if x not in current]:
-            del self._lives[life]
-        urls = {b.url for b in backends}
+        urls = {b.url for b in self._router.backends()}
         for url in [u for u in self._has if u not in urls]:
             del self._has[url]
             self._bases.pop(url, None)
@@ -249,7 +232,7 @@ class Adapters:
         for a in list(self._adapters.values()):
             replicas = [b for b in up if a.base in self._bases.get(b.url, ())]
             if replicas and all(
-                a.name not in self._present(b.url) and a.name in self._life(b.cache_life).ensured
+                a.name not in self._present(b.url) and a.name in b.cache_life.ensured
                 for b in replicas
             ):
                 del self._adapters[a.name]

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 
 class CacheLife:
     """One life of a replica's KV cache: affinity policies remember this token, not the Backend.
-    The router replaces it when the replica's probe fails (a restarted engine lost its cache)."""
+    The router replaces it when the replica's probe fails (a restarted engine lost its cache).
+    What is known of the engine's state is kept here, not in a policy (two pools' policies may
+    share engines), and ends with the life."""
 
-    __slots__ = ("backend", "footprint")
+    __slots__ = ("adapters", "backend", "ensured", "footprint", "retry")
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        # Prompt bytes sent here that this cache did not hold yet (kept on the cache, not in a
-        # policy: two pools' policies may share engines).
+        # Prompt bytes sent here that this cache did not hold yet.
         self.footprint = 0
+        # LoRA (routing/residency.py, adapters.py): the adapters sent here, least recently used
+        # first (name -> tick of its last use); those the reconciler has brought up to date; and
+        # the loads it tries again (name -> (failures so far, monotonic time of the next try)).
+        self.adapters: OrderedDict[str, int] = OrderedDict()
+        self.ensured: set[str] = set()
+        self.retry: dict[str, tuple[int, float]] = {}
 
 
 class Backend:

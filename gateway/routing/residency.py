@@ -13,27 +13,23 @@ else the one whose least recently used adapter is the oldest. docs/lora.md has t
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from gateway.routing.adapters import Adapters
-from gateway.routing.backend import Backend, CacheLife
+from gateway.routing.backend import Backend
 from gateway.routing.policy import RouteRequest, RoutingPolicy
 from gateway.settings import LoraSettings
 
 OUTCOMES = ("hit", "miss", "overloaded", "idle")
-# Dead lives kept in the table before a sweep (a replica's life ends with each restart).
-_SWEEP_SLACK = 64
 
 
 class Residency:
-    """Which adapters each replica's engine holds, as far as this gateway sent them."""
+    """Which adapters each replica's engine holds, as far as this gateway sent them (in each
+    replica life's `adapters`), and the outcomes per base."""
 
     def __init__(self, adapters: Adapters, settings: LoraSettings) -> None:
         self.adapters = adapters
         self.settings = settings
-        # Per life: adapter -> the tick of its last use there, least recent first.
-        self._held: dict[CacheLife, OrderedDict[str, int]] = {}
         self._tick = 0
         # base -> outcome -> requests, read at scrape time: `hit` (sent where the adapter is
         # resident), `miss` (resident nowhere), `overloaded` (every holder over the bound), `idle`
@@ -46,25 +42,13 @@ class Residency:
             per = self.counts[base] = dict.fromkeys(OUTCOMES, 0)
         per[outcome] += 1
 
-    def held(self, b: Backend) -> OrderedDict[str, int]:
-        found = self._held.get(b.cache_life)
-        if found is None:
-            if len(self._held) > _SWEEP_SLACK:
-                self._sweep()
-            found = self._held[b.cache_life] = OrderedDict()
-        return found
-
     def touch(self, b: Backend, adapter: str, slots: int) -> None:
-        held = self.held(b)
+        held = b.cache_life.adapters
         self._tick += 1
         held[adapter] = self._tick
         held.move_to_end(adapter)
         while len(held) > slots:
             held.popitem(last=False)
-
-    def _sweep(self) -> None:
-        for life in [x for x in self._held if x.backend.cache_life is not x]:
-            del self._held[life]
 
 
 class ResidentFirst:
@@ -106,7 +90,7 @@ class ResidentFirst:
         for c in candidates:
             total += c.outstanding
         bound = math.ceil(self._balance * (total + 1) / n) + self._slack
-        holders = [c for c in candidates if adapter in r.held(c)]
+        holders = [c for c in candidates if adapter in c.cache_life.adapters]
         home = [c for c in holders if c.outstanding + 1 <= bound]
         if home:
             r.count(base, "hit")
@@ -114,7 +98,7 @@ class ResidentFirst:
         r.count(base, "overloaded" if holders else "miss")
         cap = math.ceil((total + 1) / n)
         under = [c for c in candidates if c.outstanding + 1 <= cap]
-        free = [c for c in under if len(r.held(c)) < slots]
+        free = [c for c in under if len(c.cache_life.adapters) < slots]
         if free:
             return self.inner.pick(free, request)
-        return min(under, key=lambda c: next(iter(r.held(c).values()), 0))
+        return min(under, key=lambda c: next(iter(c.cache_life.adapters.values()), 0))
