@@ -343,17 +343,17 @@ class H1Transport:
 
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
-        current: list[_Conn] = []
-        in_head = [True]
+        conn: _Conn | None = None
+        in_head = True
 
         def expire() -> None:
-            if in_head[0]:
+            if in_head:
                 # Still waiting for the head: this task is parked in _send, cancel it.
                 if task is not None:
                     task.cancel()
-            elif current:
-                current[0].abort()
-                current[0]._wake()
+            elif conn is not None:
+                conn.abort()
+                conn._wake()
 
         deadline = Deadline(loop, t, expire)
         try:
@@ -363,22 +363,19 @@ class H1Transport:
             for fresh in (conn is None, True):
                 if conn is None:
                     conn = await pool.connect(t.connect_s)
-                current[:] = [conn]
                 conn.deadline = deadline
                 await conn.start(request)
                 if conn.status or conn.got_bytes or fresh:
                     break
                 conn = None
             assert conn is not None
-            in_head[0] = False
+            in_head = False
         except asyncio.CancelledError:
+            if conn is not None:
+                conn.abort()
             if deadline.expired is not None:
-                if current:
-                    current[0].abort()
                 raise UpstreamTimeout(f"upstream timed out: {deadline.expired}") from None
             deadline.cancel()
-            if current:
-                current[0].abort()
             raise
         except BaseException:
             deadline.cancel()
