@@ -14,14 +14,14 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.router import Router
 from gateway.routing.wake import WakeGate
 from gateway.settings import GatewaySettings
-from gateway.transport.h1 import H1Transport
+from gateway.transport.base import Transport
 
 
 @dataclass(slots=True)
 class ProxyDeps:
     settings: GatewaySettings
     router: Router
-    transport: H1Transport
+    transport: Transport
     metrics: GatewayMetrics
     flow: Admission | None = None
     batcher: Batcher | None = None

@@ -1,7 +1,7 @@
 """The streamed relay's per-event step, run from the upstream transport's read callback.
 
 At a real decode pace every SSE event arrives alone, so the per-chunk work is paid once per token.
-The transport hands each read's body to a `Splice` (`H1Response.push`); the proxy's task
+The transport hands each read's body to a `Splice` (`UpstreamResponse.push`); the proxy's task
 sleeps until the stream ends, the client's buffer fills, or the splice holds something to send.
 Where the server offers a `ClientWriter` in `scope["state"]` (the gateway's edge protocol does), the
 splice writes each chunk, framed, to the client's connection itself; the head, the first and last

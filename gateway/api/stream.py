@@ -25,7 +25,7 @@ from gateway.errors import GatewayError, UpstreamFailed, sse_error_event
 from gateway.flow.admission import Pool
 from gateway.flow.tenants import Tenant
 from gateway.routing.backend import Backend
-from gateway.transport.h1 import H1Response
+from gateway.transport.base import UpstreamResponse
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -38,7 +38,7 @@ CHUNKED_SSE_HEADERS = [*SSE_HEADERS, (b"transfer-encoding", b"chunked")]
 
 
 async def relay_stream(
-    d: ProxyDeps, backend: Backend, req: ParsedRequest, resp: H1Response, send: Send,
+    d: ProxyDeps, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
     ex: Exchange, pool: Pool | None, tenant: Tenant | None, dispatched: float,
 ) -> None:
     """Relay one upstream SSE stream whose head said 200 (module docstring)."""

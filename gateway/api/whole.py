@@ -15,12 +15,12 @@ from gateway.flow.admission import Pool
 from gateway.flow.batcher import Batcher
 from gateway.flow.tenants import Tenant
 from gateway.routing.backend import Backend
-from gateway.transport.h1 import H1Response
+from gateway.transport.base import UpstreamResponse
 from gateway.usage import body_usage
 
 
 async def relay_whole(
-    d: ProxyDeps, backend: Backend, req: ParsedRequest, resp: H1Response, send: Send,
+    d: ProxyDeps, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
     started: float, tenant: Tenant | None, pool: Pool | None, dispatched: float,
 ) -> None:
     """Relay a replica's whole 200 answer, and count its tokens."""

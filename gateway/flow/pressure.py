@@ -16,7 +16,7 @@ from gateway.errors import GatewayError
 from gateway.flow.admission import Admission
 from gateway.routing.backend import Backend
 from gateway.settings import FlowSettings
-from gateway.transport.h1 import H1Transport
+from gateway.transport.base import Transport
 
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -51,7 +51,7 @@ class PressureWatch:
     """Scrapes every backend and backs off the limit of every model of a strained one."""
 
     def __init__(self, settings: FlowSettings, admission: Admission,
-                 backends: Callable[[], list[Backend]], transport: H1Transport) -> None:
+                 backends: Callable[[], list[Backend]], transport: Transport) -> None:
         self._s = settings
         self._admission = admission
         self._backends = backends

@@ -21,7 +21,7 @@ from gateway.errors import GatewayError, RateLimitedLog
 from gateway.routing.backend import Backend
 from gateway.routing.router import Router
 from gateway.settings import LoraSettings
-from gateway.transport.h1 import H1Transport
+from gateway.transport.base import Transport
 from gateway.transport.prober import ModelCard
 
 log = logging.getLogger("gateway.adapters")
@@ -55,7 +55,7 @@ class LoadResult:
 class Adapters:
     """The adapter set per base, what each replica lists, and the reconcile loop."""
 
-    def __init__(self, transport: H1Transport, settings: LoraSettings,
+    def __init__(self, transport: Transport, settings: LoraSettings,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._transport = transport
         self._settings = settings

@@ -1,4 +1,5 @@
-"""The upstream transport: a lean HTTP/1.1 client on asyncio + httptools.
+"""The default upstream transport (the interface is transport/base.py's): a lean HTTP/1.1 client
+on asyncio + httptools.
 
 httptools (the parser uvicorn uses) calls back per body chunk, that is per SSE event; this client
 collects the chunks in a list and hands each socket read to the reader once, however many events
@@ -11,18 +12,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import httptools
 
 from gateway.errors import UpstreamFailed, UpstreamTimeout
 from gateway.settings import Timeouts
+from gateway.transport.base import BodySink
 from gateway.transport.deadline import Deadline
-
-# Takes one body chunk and the loop time it arrived; returns False to stop being fed (the chunk
-# itself is consumed either way).
-BodySink = Callable[[bytes, float], bool]
 
 # Unread upstream bytes held per stream before we stop reading the socket (back-pressure).
 _HIGH_WATER = 256 * 1024
@@ -182,9 +180,6 @@ class _Conn(asyncio.Protocol):
                 self._waiter = None
 
     async def push(self, sink: BodySink) -> None:
-        """Feed body chunks to `sink` from the read callback as they arrive (no task wake-up per
-        SSE event), until it returns False or the body ends (the caller tells which); raises
-        like `readany` when the upstream fails or times out."""
         while True:
             if self._chunks:
                 # What arrived while nobody was pushing goes first, as one chunk.
@@ -221,10 +216,6 @@ class _Conn(asyncio.Protocol):
 
 
 class H1Response:
-    """An upstream response: its `status`, then its body by `read` (all of it), `readany` (the
-    next bytes as they arrived, b"" at the end) or `push`. `close` aborts: the engine sees the
-    disconnect and stops generating; `release`, after a fully-read body, reuses the connection."""
-
     __slots__ = ("_conn", "_done", "push", "readany", "status")
 
     def __init__(self, conn: _Conn) -> None:
@@ -389,9 +380,6 @@ class H1Transport:
     async def post(
         self, url: str, body: bytes, headers: Mapping[str, str], *, streaming: bool
     ) -> H1Response:
-        """Send a request and wait for the response head. Raises `UpstreamFailed` (cannot reach
-        the backend, connection dropped) or `UpstreamTimeout`: nothing reached the client yet, so
-        the caller may retry elsewhere."""
         t = self._timeouts
         if not streaming:
             # A non-streamed answer sends its first byte only after the last token.
@@ -399,7 +387,6 @@ class H1Transport:
         return H1Response(await self._send(b"POST", url, body, headers, t))
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
-        """A small GET (health and model probes). Raises `UpstreamFailed` on failure."""
         t = Timeouts(connect_s=timeout_s, first_byte_s=timeout_s, idle_s=timeout_s,
                      total_s=timeout_s)
         try:

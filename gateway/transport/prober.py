@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import orjson
 
 from gateway.errors import UpstreamFailed
-from gateway.transport.h1 import H1Transport
+from gateway.transport.base import Transport
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ def _opt_str(v: object) -> str | None:
 
 
 class HttpProber:
-    def __init__(self, transport: H1Transport, timeout_s: float,
+    def __init__(self, transport: Transport, timeout_s: float,
                  on_cards: Callable[[str, list[ModelCard]], None]) -> None:
         self._transport = transport
         self._timeout_s = timeout_s
