@@ -249,7 +249,7 @@ class Pool:
         self.drain.tick(now)
         if self.queue._size:
             self._dispatch()
-        elif not self.in_flight:
+        if not self.in_flight:  # also when the queue held only waiters that had left
             self._empty_since = now
 
     def sample(self, ttft_s: float, dispatched_at: float) -> None:

@@ -272,6 +272,29 @@ async def test_an_idle_spell_decays_the_limit_once_when_the_fast_path_is_asked_t
     assert pool.limiter.limit == 16
 
 
+async def test_a_busy_spell_ending_with_a_leaving_waiter_is_not_idle() -> None:
+    """One request in flight for longer than an idle spell; a queued client leaves in the same
+    loop step as that request ends. The pool was never empty, so the next request must meet the
+    grown limit, not a decayed one."""
+    clock = FakeClock()
+    adm, _ = admission(clock, initial_limit=2, max_limit=64)
+    pool = adm.pool("demo")
+    for _ in range(15):
+        assert pool.try_acquire()
+        pool.sample(0.05, clock())
+    for _ in range(14):
+        pool.release()
+    assert pool.limiter.limit == 32 and pool.in_flight == 1  # one long stream stays
+    clock.advance(10 * 0.8 + 0.1)  # busy all along: one request in flight
+    loop = asyncio.get_running_loop()
+    w = Waiter(loop.create_future(), "someone", 1, 1.0, clock())
+    pool.queue.push(w)
+    w.future.cancel()  # its client left; its cleanup runs a loop step later
+    pool.release()  # the long stream ends in that step
+    assert pool.try_acquire()
+    assert pool.limiter.limit == 32
+
+
 async def test_pushing_out_a_request_that_is_leaving_anyway_does_not_fail_the_newcomer() -> None:
     """A queued request whose client just went away (or whose deadline just fired) has its future
     cancelled a loop step before its own cleanup takes it out of the queue. Chosen in that step
