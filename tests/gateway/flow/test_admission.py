@@ -236,16 +236,27 @@ async def test_slots_the_limit_grows_go_to_the_queue_at_once() -> None:
     assert pool.in_flight == 5 and len(pool.queue) == 0
 
 
-async def test_first_request_after_an_idle_spell_meets_a_decayed_limit() -> None:
-    clock = FakeClock()
+def grown_pool(clock: FakeClock, in_flight: int) -> Pool:
+    """A pool whose limit climbed from 2 to 32 in slow start (two slots per first token while it
+    binds), left with `in_flight` of its 15 requests still in flight."""
     adm, _ = admission(clock, initial_limit=2, max_limit=64)
     pool = adm.pool("demo")
-    for _ in range(15):  # the limit climbs while it binds, two slots per first token
+    for _ in range(15):
         assert pool.try_acquire()
         pool.sample(0.05, clock())
-    assert pool.limiter.limit == 32
-    for _ in range(15):
+    for _ in range(15 - in_flight):
         pool.release()
+    assert pool.limiter.limit == 32 and pool.in_flight == in_flight
+    return pool
+
+
+def waiter(clock: FakeClock) -> Waiter:
+    return Waiter(asyncio.get_running_loop().create_future(), "someone", 1, 1.0, clock())
+
+
+async def test_first_request_after_an_idle_spell_meets_a_decayed_limit() -> None:
+    clock = FakeClock()
+    pool = grown_pool(clock, in_flight=0)
     clock.advance(10 * 0.8 * 2 + 0.1)  # two idle spells of 10 targets (0.8 s: 1.0 - 0.2 queue)
     assert pool.try_acquire()
     assert pool.limiter.limit == 8
@@ -256,16 +267,8 @@ async def test_an_idle_spell_decays_the_limit_once_when_the_fast_path_is_asked_t
     the queue not yet empty (a waiter whose client left, before its cleanup), both calls see the
     same idle spell, and it must halve the limit once, not twice."""
     clock = FakeClock()
-    adm, _ = admission(clock, initial_limit=2, max_limit=64)
-    pool = adm.pool("demo")
-    for _ in range(15):
-        assert pool.try_acquire()
-        pool.sample(0.05, clock())
-    for _ in range(15):
-        pool.release()
-    assert pool.limiter.limit == 32
-    loop = asyncio.get_running_loop()
-    pool.queue.push(Waiter(loop.create_future(), "someone", 1, 1.0, clock()))
+    pool = grown_pool(clock, in_flight=0)
+    pool.queue.push(waiter(clock))
     clock.advance(10 * 0.8 + 0.1)  # one idle spell of 10 targets
     assert not pool.try_acquire()
     assert not pool.try_acquire()
@@ -277,17 +280,9 @@ async def test_a_busy_spell_ending_with_a_leaving_waiter_is_not_idle() -> None:
     loop step as that request ends. The pool was never empty, so the next request must meet the
     grown limit, not a decayed one."""
     clock = FakeClock()
-    adm, _ = admission(clock, initial_limit=2, max_limit=64)
-    pool = adm.pool("demo")
-    for _ in range(15):
-        assert pool.try_acquire()
-        pool.sample(0.05, clock())
-    for _ in range(14):
-        pool.release()
-    assert pool.limiter.limit == 32 and pool.in_flight == 1  # one long stream stays
+    pool = grown_pool(clock, in_flight=1)  # one long stream stays
     clock.advance(10 * 0.8 + 0.1)  # busy all along: one request in flight
-    loop = asyncio.get_running_loop()
-    w = Waiter(loop.create_future(), "someone", 1, 1.0, clock())
+    w = waiter(clock)
     pool.queue.push(w)
     w.future.cancel()  # its client left; its cleanup runs a loop step later
     pool.release()  # the long stream ends in that step
