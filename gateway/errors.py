@@ -137,9 +137,6 @@ class RateLimitedLog:
         self._log.warning(msg, *args)
 
 
-_upstream_bodies = RateLimitedLog(log)
-
-
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
@@ -163,8 +160,11 @@ async def send_body(send: Send, status: int, body: bytes,
     await send({"type": "http.response.body", "body": body})
 
 
-def normalize_upstream_error(status: int, body: bytes, request_id: str = "-") -> bytes:
-    """Give an engine's error body OpenAI's shape, whatever it was (vLLM versions differ)."""
+def normalize_upstream_error(
+    status: int, body: bytes, warnings: RateLimitedLog, request_id: str = "-"
+) -> bytes:
+    """Give an engine's error body OpenAI's shape, whatever it was (vLLM versions differ); a body
+    that is not an error object goes to `warnings` instead."""
     try:
         data: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -178,8 +178,8 @@ def normalize_upstream_error(status: int, body: bytes, request_id: str = "-") ->
     # Not an error object (an HTML page from a proxy in front of the engine, say): never relayed,
     # the log has it.
     if body.strip():
-        _upstream_bodies.warning("request %s: upstream answered HTTP %d with a non-JSON body: %r",
-                                 request_id, status, body[:300])
+        warnings.warning("request %s: upstream answered HTTP %d with a non-JSON body: %r",
+                         request_id, status, body[:300])
     return error_body(f"upstream returned HTTP {status}", _type_for(status), None, None)
 
 

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import logging
-
 from gateway.api.inflight import Exchange
 from gateway.errors import GatewayError, RateLimitedLog
 from gateway.flow.tenants import Tenant
 from gateway.metrics import GatewayMetrics
 
-log = logging.getLogger("gateway.proxy")
 
-# Why a client saw a 502/504: which replica, what it said (rate-limited, not a line per request).
-_failures = RateLimitedLog(log)
-
-
-def log_failure(ex: Exchange, exc: GatewayError) -> None:
+def log_failure(failures: RateLimitedLog, ex: Exchange, exc: GatewayError) -> None:
+    """Log why a client saw a 5xx: which replica, what it said."""
     if exc.status >= 500:
-        _failures.warning("request %s: %s", ex.rid, exc.message)
+        failures.warning("request %s: %s", ex.rid, exc.message)
 
 
 def count_usage(

@@ -4,10 +4,12 @@ the open requests and whether it drains."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.api.inflight import InFlight
+from gateway.errors import RateLimitedLog
 from gateway.flow.admission import Admission
 from gateway.flow.batcher import Batcher
 from gateway.metrics import GatewayMetrics
@@ -32,3 +34,9 @@ class ProxyDeps:
     # A LoRA adapter's base model (None for a base model): its requests share the base's
     # admission pool, since they run on the base's engines (routing/adapters.py).
     parent_of: Callable[[str], str | None] = field(default=lambda _: None)
+    # Why a client saw a 502/504 (which replica, what it said), and engines' error bodies that
+    # were not error objects: rate-limited, not a line per request.
+    failures: RateLimitedLog = field(
+        default_factory=lambda: RateLimitedLog(logging.getLogger("gateway.proxy")))
+    upstream_bodies: RateLimitedLog = field(
+        default_factory=lambda: RateLimitedLog(logging.getLogger("gateway.errors")))

@@ -61,7 +61,7 @@ class Forwarder:
                 backend, req, raw, headers, send, ex, pool, tenant), route)
         except GatewayError as exc:
             if tried:
-                log_failure(ex, exc)
+                log_failure(d.failures, ex, exc)
             else:  # no replica to try: counted here, with a made-up model name as "unknown"
                 label = model if d.router.knows_model(model) else "unknown"
                 d.metrics.requests.labels(label, "", str(exc.status)).inc()
@@ -81,8 +81,8 @@ class Forwarder:
                 body = await resp.read()
                 check_answer(d, backend, resp.status, body)
                 d.router.report_success(backend)
-                await send_body(send, resp.status,
-                                normalize_upstream_error(resp.status, body, ex.rid))
+                await send_body(send, resp.status, normalize_upstream_error(
+                    resp.status, body, d.upstream_bodies, ex.rid))
                 d.metrics.requests.labels(req.model, backend.url, str(resp.status)).inc()
                 return
             if req.stream:

@@ -84,7 +84,7 @@ async def relay_stream(
         resp.close()
         # Past the first byte there is no retry: end the stream with one in-band error event.
         d.router.report_failure(backend)
-        log_failure(ex, exc)
+        log_failure(d.failures, ex, exc)
         status = str(exc.status)
         await send({"type": "http.response.body", "body": sse_error_event(exc),
                     "more_body": False})

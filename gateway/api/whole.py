@@ -48,12 +48,12 @@ async def answer_batched(
         result = await batcher.submit(req.model, req.body, key)
     except GatewayError as exc:
         d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
-        log_failure(ex, exc)
+        log_failure(d.failures, ex, exc)
         await send_error(send, exc)
         return
     body = result.body
     if result.status != 200:
-        body = normalize_upstream_error(result.status, body, ex.rid)
+        body = normalize_upstream_error(result.status, body, d.upstream_bodies, ex.rid)
     await send_body(send, result.status, body)
     m = d.metrics
     # Once per client request, not per upstream call: a batch of N answers N requests.

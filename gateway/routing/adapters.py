@@ -25,7 +25,6 @@ from gateway.transport.base import Transport
 from gateway.transport.prober import ModelCard
 
 log = logging.getLogger("gateway.adapters")
-_failures = RateLimitedLog(log)
 
 LOAD_PATH = "/v1/load_lora_adapter"
 UNLOAD_PATH = "/v1/unload_lora_adapter"
@@ -68,6 +67,7 @@ class Adapters:
         # url -> the adapters it has: its last listing, with our loads and unloads since
         self._has: dict[str, set[str]] = {}
         self._bases: dict[str, frozenset[str]] = {}  # url -> base models it serves
+        self._failures = RateLimitedLog(log)  # failed loads: rate-limited log lines
         self._removed: set[str] = set()
         self._lock = asyncio.Lock()
         self.loads = {"ok": 0, "failed": 0}
@@ -257,7 +257,7 @@ class Adapters:
             self.loads["ok"] += 1
         else:
             self.loads["failed"] += 1
-            _failures.warning("loading adapter %s (%s) on %s failed: %s", name, path, b.url,
+            self._failures.warning("loading adapter %s (%s) on %s failed: %s", name, path, b.url,
                               text)
         return LoadResult(b.url, ok, text if not ok else "loaded")
 

@@ -30,12 +30,14 @@ def shape(body: bytes) -> dict[str, object]:
     ],
 )
 def test_upstream_errors_get_openai_shape(body: bytes, message: str) -> None:
-    err = shape(normalize_upstream_error(500 if not body.startswith(b"{") else 400, body))
+    err = shape(normalize_upstream_error(500 if not body.startswith(b"{") else 400, body,
+                                         RateLimitedLog(logging.getLogger("test"))))
     assert err["message"] == message
 
 
 def test_integer_codes_become_strings() -> None:
-    err = shape(normalize_upstream_error(400, b'{"error": {"message": "m", "code": 400}}'))
+    err = shape(normalize_upstream_error(400, b'{"error": {"message": "m", "code": 400}}',
+                                         RateLimitedLog(logging.getLogger("test"))))
     assert err["code"] == "400"
 
 
@@ -81,3 +83,15 @@ def test_rate_limited_log_keeps_a_burst_then_counts_the_rest(
         time.sleep(0.25)
         limited.warning("bad request %d", 100)
     assert caplog.records[-1].getMessage() == "bad request 100 (97 similar line(s) suppressed)"
+
+
+def test_an_upstream_body_that_is_no_error_object_goes_to_the_log_not_the_client(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    warnings = RateLimitedLog(logging.getLogger("test.bodies"), burst=1)
+    with caplog.at_level(logging.WARNING, "test.bodies"):
+        for _ in range(3):
+            err = shape(normalize_upstream_error(502, b"<html>10.0.0.7</html>", warnings, "r-1"))
+    assert err["message"] == "upstream returned HTTP 502"
+    assert len(caplog.records) == 1 and warnings.suppressed == 2
+    assert "r-1" in caplog.records[0].getMessage() and "10.0.0.7" in caplog.records[0].getMessage()
