@@ -29,7 +29,7 @@ from uvicorn.server import ServerState
 
 from gateway.api.deps import ProxyDeps
 from gateway.app import build_app
-from gateway.edge import Edge, EdgeProtocol, check_fd_limit, open_probe_listener
+from gateway.edge import Edge, EdgeProtocol, QuietUpgrades, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway")
@@ -59,6 +59,10 @@ def run(settings: GatewaySettings) -> None:
         interface="asgi3",
         # httptools, with the edge's caps and deadlines (gateway/edge/).
         http=EdgeProtocol.bound(edge),
+        # No WebSocket endpoints: an Upgrade header is ignored and the request served as HTTP,
+        # under the edge's caps and deadlines (QuietUpgrades keeps uvicorn's warnings for it
+        # from becoming a line per request).
+        ws="none",
         lifespan="on",
         access_log=False,  # a log line per request would cost more than the proxying
         log_level=settings.log_level,
@@ -67,6 +71,7 @@ def run(settings: GatewaySettings) -> None:
         backlog=4096,
         proxy_headers=False,  # nothing here uses the client address
     )
+    logging.getLogger("uvicorn.error").addFilter(QuietUpgrades())  # after Config set logging up
     # Requests make no reference cycles (tests/gateway/test_server.py), so the start-up objects
     # are frozen out of the older collections and young ones run rarely; a cycle per request
     # would make the process grow between full collections.

@@ -37,6 +37,26 @@ class Edge:
             f" ({detail})" if detail else "")
 
 
+class QuietUpgrades(logging.Filter):
+    """uvicorn logs a warning (two without a WebSocket protocol) for every request with an
+    `Upgrade` header it does not take up. The gateway serves no WebSockets (`ws="none"`): it
+    answers such a request as plain HTTP, as RFC 9110 allows, and logs at most one line per
+    10 s for them, so that a client cannot write a log line per request."""
+
+    _MESSAGES = ("Unsupported upgrade request.", "No supported WebSocket library detected")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._log = RateLimitedLog(log, burst=1)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not isinstance(record.msg, str) or not record.msg.startswith(self._MESSAGES):
+            return True
+        if record.msg == self._MESSAGES[0]:
+            self._log.warning("edge: upgrade requests answered as plain HTTP/1.1")
+        return False
+
+
 def check_fd_limit(settings: EdgeSettings) -> None:
     """Warn when the process cannot open `max_connections` sockets plus room for upstream
     connections and the probes: then fd exhaustion, not the cap, decides who gets refused."""

@@ -185,12 +185,6 @@ class EdgeProtocol(HttpToolsProtocol):
             self.edge.event("body_unread", self.__peer())
             self.__linger()
 
-    def handle_websocket_upgrade(self) -> None:
-        # The connection becomes a WebSocket protocol's: no head or body of ours is pending.
-        self.__in_body = False
-        self.__disarm()
-        super().handle_websocket_upgrade()
-
     def send_400_response(self, msg: str) -> None:
         # uvicorn's answer to a request httptools cannot parse: text/plain there, OpenAI's JSON
         # here, counted and lingered like every refusal. (Not again for the bytes behind a head

@@ -3,11 +3,16 @@ Expect: 100-continue, all as uvicorn serves them without the edge."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import threading
 import time
 
+import orjson
 import pytest
 
+from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, gateway_process, run_gateway, url_of
 
 _KEEP_ALIVE_S = 0.6
@@ -95,3 +100,81 @@ def test_the_gateway_serves_a_body_in_pieces_a_pipelined_pair_and_100_continue(
             assert s.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
             s.sendall(body)
             assert _read_answers(s, 1).startswith(b"HTTP/1.1 200 ")
+
+
+def _one_answer(s: socket.socket) -> tuple[bytes, bytes]:
+    """The status line and body of one Content-Length response."""
+    out = b""
+    while b"\r\n\r\n" not in out:
+        data = s.recv(65536)
+        assert data, f"the connection closed before an answer: {out!r}"
+        out += data
+    head, body = out.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        data = s.recv(65536)
+        assert data, "the connection closed within an answer"
+        body += data
+    return head.split(b"\r\n")[0], body
+
+
+_WS = b"connection: upgrade\r\nupgrade: websocket\r\n"
+_WS_KEY = b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n"
+_CHAT = b'{"model": "demo", "messages": [{"role": "user", "content": "hi"}]}'
+
+
+def test_upgrade_requests_are_plain_http_logged_once_and_do_not_break_the_drain(
+        upstreams: UpstreamFactory) -> None:
+    # The gateway serves no WebSockets: an Upgrade header is ignored (RFC 9110 allows it), so
+    # each request gets the gateway's own answer, errors in OpenAI's shape. Before, a WebSocket
+    # upgrade went to uvicorn's WebSocket protocol (403 or 400 in text/plain, or no answer for a
+    # POST), uvicorn logged a warning per other upgrade, and SIGTERM with an unanswered
+    # WebSocket POST open crashed the shutdown, cutting the drain.
+    up = upstreams(token_delay_s=0.02)
+    with gateway_process(up, "--drain-timeout-s", "10", "--log-level", "warning") as (gw, url):
+        port = int(url.rsplit(":", 1)[1])
+        hello = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n"
+        nowhere = b"GET /v1/nowhere HTTP/1.1\r\nhost: x\r\n"
+        for _ in range(10):
+            for head, status in ((hello + _WS + _WS_KEY, 200), (hello + _WS, 200),
+                                 (nowhere + _WS, 404),
+                                 (hello + b"connection: upgrade\r\nupgrade: h2c\r\n", 200)):
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                    s.sendall(head + b"\r\n")
+                    line, body = _one_answer(s)
+                    assert line.startswith(b"HTTP/1.1 %d " % status), (head, line, body)
+                    if status != 200:
+                        assert set(orjson.loads(body)["error"]) == {"message", "type", "param",
+                                                                    "code"}
+        result: dict[str, str] = {}
+
+        def stream() -> None:
+            r = loopback.post(url + "/v1/chat/completions", timeout=30, json={
+                "model": "demo", "stream": True, "max_tokens": 50,
+                "messages": [{"role": "user", "content": "hi"}]})
+            result["text"] = r.text
+
+        t = threading.Thread(target=stream)
+        t.start()
+        # A POST with a WebSocket upgrade, answered (uvicorn hands the bytes after an upgrade's
+        # head to the upgrade, so the body is not the request's), and its connection left open.
+        post = socket.create_connection(("127.0.0.1", port), timeout=10)
+        post.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: %d\r\n" % len(_CHAT) + _WS + b"\r\n"
+                     + _CHAT)
+        line, body = _one_answer(post)
+        assert line.startswith(b"HTTP/1.1 "), line
+        if not line.startswith(b"HTTP/1.1 200 "):
+            assert "message" in orjson.loads(body)["error"]
+        time.sleep(0.3)  # the stream is flowing (50 tokens x 20 ms)
+        os.kill(gw.pid, signal.SIGTERM)
+        t.join(30)
+        post.close()
+        assert result["text"].rstrip().endswith("data: [DONE]")
+        assert gw.wait(15) in (0, -signal.SIGTERM)
+        assert gw.stderr is not None
+        log = gw.stderr.read()
+        assert "Traceback" not in log, log
+        # 40 upgrade requests and a POST: one line, not one per request.
+        assert sum("upgrade" in line.lower() for line in log.splitlines()) == 1, log
