@@ -90,7 +90,10 @@ def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
         if not stream:
             raise InvalidRequest(
                 "stream_options is only allowed when stream is true", param="stream_options")
-        iu = so.get("include_usage", False)
+        # null is "not set", as for `stream` (and as vLLM reads it).
+        iu = so.get("include_usage")
+        if iu is None:
+            iu = False
         if not isinstance(iu, bool):
             raise InvalidRequest(
                 "stream_options.include_usage must be a boolean",

@@ -26,6 +26,15 @@ def test_include_usage_is_read() -> None:
     assert r.client_wants_usage
 
 
+@pytest.mark.parametrize("options", ['{"include_usage": null}', "{}", "null"])
+def test_include_usage_null_or_unset_is_no_usage(options: str) -> None:
+    # As `stream: null`, and as vLLM reads its Optional[bool]: not set, not a bad type.
+    r = parse_request(
+        f'{{"model": "m", "messages": {MSG}, "stream": true, '
+        f'"stream_options": {options}}}'.encode(), "chat")
+    assert (r.stream, r.client_wants_usage) == (True, False)
+
+
 @pytest.mark.parametrize(
     ("raw", "param"),
     [
