@@ -37,9 +37,13 @@ class Forwarder:
         d = self._d
         model = req.model
         if req.stream and not req.client_wants_usage:
-            # Ask for usage on our own account (token metrics); the relay strips it again.
-            req.body["stream_options"] = {**(req.body.get("stream_options") or {}),
-                                          "include_usage": True}
+            # Ask for usage on our own account (token metrics); the relay strips it again. Only
+            # the final usage: running usage (vLLM's continuous_usage_stats, sent only with
+            # include_usage) would ride on every chunk the client reads.
+            so = req.body.get("stream_options") or {}
+            req.body["stream_options"] = {
+                **{k: v for k, v in so.items() if k != "continuous_usage_stats"},
+                "include_usage": True}
             raw = orjson.dumps(req.body)
         headers = {"content-type": "application/json"}
         rid = scope.get("state", {}).get("request_id")

@@ -41,6 +41,30 @@ def test_stream_passes_events_through_and_strips_usage(upstreams: UpstreamFactor
         assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 5
 
 
+def test_running_usage_reaches_only_a_client_that_asked_for_usage(
+    upstreams: UpstreamFactory,
+) -> None:
+    # vLLM sends running usage (continuous_usage_stats) only with include_usage. The gateway asks
+    # for usage on its own account: it must not turn a request without include_usage into one
+    # whose every chunk carries usage.
+    up = upstreams()
+    with run_gateway(backends=[url_of(up)]) as gw:
+        for path, body in (("/v1/chat/completions", CHAT),
+                           ("/v1/completions", {"model": "demo", "prompt": "hi", "max_tokens": 5})):
+            for so in ({"continuous_usage_stats": True},
+                       {"include_usage": False, "continuous_usage_stats": True}):
+                r = loopback.post(gw.url + path,
+                                  json={**body, "stream": True, "stream_options": so})
+                evs = events(r.text)
+                assert evs[-1] == "data: [DONE]" and not any('"usage"' in e for e in evs[:-1])
+            r = loopback.post(gw.url + path, json={**body, "stream": True, "stream_options": {
+                "include_usage": True, "continuous_usage_stats": True}})
+            evs = [json.loads(e.removeprefix("data: ")) for e in events(r.text)[:-1]]
+            assert [e["usage"]["completion_tokens"] for e in evs][-2:] == [5, 5]
+            assert all("usage" in e for e in evs)
+        assert gw.metric("llmserve_output_tokens_total") == 6 * 5
+
+
 def test_non_stream_and_completions(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)]) as gw:
