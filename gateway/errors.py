@@ -82,6 +82,10 @@ class PayloadTooLarge(GatewayError):
     status, type, code = 413, "invalid_request_error", "payload_too_large"
 
 
+class UnsupportedMediaType(GatewayError):
+    status, type, code = 415, "invalid_request_error", "unsupported_media_type"
+
+
 class RequestTimeout(GatewayError):
     status, type, code = 408, "invalid_request_error", "request_timeout"
 

@@ -25,6 +25,7 @@ _WHY = {
     "404": "no such model, or no such path",
     "405": "wrong method; the Allow header names the right one",
     "413": "request body over the limit",
+    "415": "the body was sent compressed (Content-Encoding); send it as plain JSON",
     "429": "the API key's requests or tokens per minute are spent; see Retry-After",
     "502": "the model server failed to answer",
     "503": "overloaded, no healthy replica, or shutting down; see Retry-After",
@@ -83,7 +84,7 @@ def _completion_op(summary: str, body: dict[str, Any]) -> dict[str, Any]:
                     "content": {"application/json": {"schema": {"type": "object"}},
                                 # JSON chunks, then the literal [DONE]: no one schema.
                                 "text/event-stream": {"schema": {}}}},
-            **_errors("400", "401", "404", "413", "429", "502", "503", "504"),
+            **_errors("400", "401", "404", "413", "415", "429", "502", "503", "504"),
         },
     }}
 

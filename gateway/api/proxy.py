@@ -20,9 +20,9 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.api.deps import ProxyDeps
 from gateway.api.forward import Forwarder
 from gateway.api.inflight import DRAIN_EXPIRED, Exchange
-from gateway.api.schemas import Kind, ParsedRequest, parse_request
+from gateway.api.schemas import Kind, ParsedRequest, encoding_error, parse_request
 from gateway.api.splice import WRITER_KEY, ClientWriter
-from gateway.errors import GatewayError, send_error, sse_error_event
+from gateway.errors import GatewayError, InvalidRequest, send_error, sse_error_event
 
 log = logging.getLogger("gateway.proxy")
 
@@ -58,6 +58,8 @@ class ProxyEndpoint:
         except ClientGone:
             return
         except GatewayError as exc:
+            if isinstance(exc, InvalidRequest):
+                exc = encoding_error(scope["headers"]) or exc
             await send_error(send, exc)
             return
 

@@ -6,12 +6,13 @@ as confusing engine errors, each answered with OpenAI's 400 naming the `param`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, UnsupportedMediaType
 
 Kind = Literal["chat", "completion"]
 
@@ -109,3 +110,15 @@ def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
         if v is not None and (type(v) not in (int, float) or not lo <= v <= hi):
             raise InvalidRequest(f"{name} must be a number between {lo:g} and {hi:g}", param=name)
     return ParsedRequest(kind, body, model, stream, wants_usage)
+
+
+def encoding_error(headers: Iterable[tuple[bytes, bytes]]) -> UnsupportedMediaType | None:
+    """Why a body that failed to parse did, when it was sent compressed: the gateway does not
+    decompress bodies (a small one could inflate far past the body limit). Asked only once parsing
+    failed, so the common request pays nothing for it."""
+    for k, v in headers:
+        if k == b"content-encoding" and v.strip().lower() not in (b"", b"identity"):
+            return UnsupportedMediaType(
+                f"Content-Encoding {v.decode('latin-1')!r} is not supported; send the JSON body "
+                "uncompressed")
+    return None

@@ -4,6 +4,7 @@ timeouts, disconnects. Real HTTP on loopback at every hop."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import logging
 import socket
@@ -63,6 +64,31 @@ def test_running_usage_reaches_only_a_client_that_asked_for_usage(
             assert [e["usage"]["completion_tokens"] for e in evs][-2:] == [5, 5]
             assert all("usage" in e for e in evs)
         assert gw.metric("llmserve_output_tokens_total") == 6 * 5
+
+
+def test_a_compressed_body_is_415_naming_the_encoding(upstreams: UpstreamFactory) -> None:
+    # Bodies are not decompressed: a gzip body must not read as "invalid UTF-8".
+    up = upstreams()
+    body = json.dumps(CHAT).encode()
+    with run_gateway(backends=[url_of(up)]) as gw:
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            r = loopback.post(gw.url + path, content=gzip.compress(body),
+                              headers={"content-type": "application/json",
+                                       "content-encoding": "gzip"})
+            assert r.status_code == 415 and r.headers["content-type"] == "application/json"
+            err = r.json()["error"]
+            assert err["code"] == "unsupported_media_type" and "'gzip'" in err["message"]
+            assert err["type"] == "invalid_request_error"
+        # An uncompressed body is read whatever the header says (identity, or mislabelled), and
+        # a bad one labelled identity is the usual 400.
+        for enc in ("identity", "gzip"):
+            r = loopback.post(gw.url + "/v1/chat/completions", content=body,
+                              headers={"content-encoding": enc})
+            assert r.status_code == 200
+        r = loopback.post(gw.url + "/v1/chat/completions", content=b"{",
+                          headers={"content-encoding": "identity"})
+        assert r.status_code == 400
+    assert up.completions == 2
 
 
 def test_non_stream_and_completions(upstreams: UpstreamFactory) -> None:
