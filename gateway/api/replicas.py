@@ -45,7 +45,9 @@ def route_request(req: ParsedRequest, scope: Scope, session_header: bytes) -> Ro
 def check_answer(d: ProxyDeps, backend: Backend, status: int, body: bytes) -> None:
     """Judge a replica by an answer that is not a 200: a 5xx is its failure (raised: retry
     elsewhere, count towards ejection); a 503 saying it drains takes it out of rotation now, not
-    at the next probe; a 4xx is the caller's problem (no retry, no ejection)."""
+    at the next probe, and, if no other replica takes the request, is the client's 503 with
+    Retry-After, as for the requests after it (none healthy), not a failed model server's 502;
+    a 4xx is the caller's problem (no retry, no ejection)."""
     if status == 503:
         try:
             code = orjson.loads(body)["error"]["code"]
@@ -53,6 +55,8 @@ def check_answer(d: ProxyDeps, backend: Backend, status: int, body: bytes) -> No
             code = None
         if code == DRAINING_CODE:
             d.router.report_draining(backend)
+            raise Unavailable("the model server is restarting; retry shortly",
+                              retry_after=d.settings.health_interval_s)
     if status >= 500:
         raise UpstreamFailed(
             f"replica answered HTTP {status}: {body[:200].decode('utf-8', 'replace')}")

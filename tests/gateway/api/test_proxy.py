@@ -146,12 +146,15 @@ def test_failed_replica_is_retried_elsewhere_before_first_byte(
         assert good.completions == 4
 
 
+# What a worker draining for a restart (worker/drain.py) answers every new request.
+DRAINING_BODY = json.dumps({"error": {"message": "draining", "type": "service_unavailable",
+                                      "param": None, "code": DRAINING_CODE}})
+
+
 def test_a_draining_replica_is_taken_out_at_its_first_refusal(upstreams: UpstreamFactory) -> None:
     """A worker draining for a restart (worker/drain.py) refuses with a 503 coded `draining`: the
     request is retried elsewhere and the replica gets no more, long before the next probe."""
-    body = json.dumps({"error": {"message": "draining", "type": "service_unavailable",
-                                 "param": None, "code": DRAINING_CODE}})
-    draining, good = upstreams(fail_status=503, fail_body=body), upstreams()
+    draining, good = upstreams(fail_status=503, fail_body=DRAINING_BODY), upstreams()
     with run_gateway(backends=[url_of(draining), url_of(good)], retries=1,
                      health_interval_s=60) as gw:
         deadline = time.monotonic() + 10
@@ -166,6 +169,24 @@ def test_a_draining_replica_is_taken_out_at_its_first_refusal(upstreams: Upstrea
         assert gw.metric("llmserve_upstream_retries_total") == 1
         up = loopback.get(gw.url + "/metrics").text
         assert f'llmserve_backend_up{{backend="{url_of(draining)}"}} 0.0' in up
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["proxy", "batcher"])
+def test_a_drain_refusal_no_replica_can_take_is_503_with_retry_after(
+    upstreams: UpstreamFactory, batch: bool,
+) -> None:
+    # The only replica drains: its refusal is the client's 503 with Retry-After, as for the
+    # requests after it (no healthy replica), not the 502 of a failed model server.
+    up = upstreams(fail_status=503, fail_body=DRAINING_BODY)
+    with run_gateway(backends=[url_of(up)], health_interval_s=60,
+                     batch={"enabled": batch}) as gw:
+        for path, body in (("/v1/completions", {"model": "demo", "prompt": "hi"}),
+                           ("/v1/chat/completions", {**CHAT, "stream": True}),
+                           ("/v1/chat/completions", CHAT)):
+            r = loopback.post(gw.url + path, json=body)
+            assert (r.status_code, r.headers.get("retry-after")) == (503, "60")
+            assert r.json()["error"]["code"] == "service_unavailable"
+    assert up.completions == 1  # the first refusal took the replica out
 
 
 def test_drain_code_is_the_workers() -> None:
