@@ -24,10 +24,10 @@ from pathlib import Path
 from model_store.adapter import check_base
 from model_store.client import make_client
 from model_store.download import Downloader
-from model_store.errors import StoreError
+from model_store.errors import StoreError, UsageError
 from model_store.lease import Lease, acquire
 from model_store.manifest import Manifest, fetch_manifest
-from model_store.marker import is_complete, read_marker, write_marker
+from model_store.marker import MARKER_NAME, is_complete, read_marker, write_marker
 from model_store.progress import Progress, resolve_mode
 from model_store.s3url import S3Url
 from model_store.settings import StoreSettings, env_name
@@ -39,17 +39,17 @@ Log = Callable[[str], None]
 def default_dest(settings: StoreSettings, src: S3Url, model: str | None, revision: str | None) -> Path:
     """ROOT/<model>/<revision>/, the names defaulting to the prefix's last two segments."""
     if settings.root is None:
-        raise StoreError(f"give DEST, or set {env_name('root')} (--root) for ROOT/<model>/<revision>")
+        raise UsageError(f"give DEST, or set {env_name('root')} (--root) for ROOT/<model>/<revision>")
     parts = src.prefix.split("/") if src.prefix else []
     revision = revision or (parts[-1] if len(parts) >= 2 else None)
     model = model or (parts[-2] if len(parts) >= 2 else None)
     if not model or not revision:
-        raise StoreError(
+        raise UsageError(
             f"cannot tell model and revision from {src}: give DEST or --model and --revision"
         )
     for label, value in (("model", model), ("revision", revision)):
         if value in (".", "..") or "/" in value or value.startswith("."):
-            raise StoreError(f"invalid {label} name {value!r}")
+            raise UsageError(f"invalid {label} name {value!r}")
     return settings.root / model / revision
 
 
@@ -128,9 +128,10 @@ def _pull_locked(
     manifest = fetch_manifest(client, src)
     check_base(str(src), manifest.adapter, base_model)  # before a byte of it is fetched
     staging = staging_dir(dest)
-    if dest.exists():
+    if dest.exists() or dest.is_symlink():
         # A crash between the publishing rename and the marker leaves DEST without a marker;
         # take it back as staging: its files are checked against the manifest before reuse.
+        _check_taken_back(dest, manifest)
         if staging.exists():
             raise StoreError(
                 f"{dest} exists without a completion marker and so does {staging}: "
@@ -159,6 +160,25 @@ def _pull_locked(
     os.rename(staging, dest)
     write_marker(dest, source=str(src), files=manifest.files, adapter=manifest.adapter)
     log(f"{dest}: complete ({manifest.total_size / 1e6:,.1f} MB, {len(manifest.files)} files)")
+
+
+def _check_taken_back(dest: Path, manifest: Manifest) -> None:
+    """Refuse a DEST without a marker unless it holds nothing but files of this manifest and a
+    marker being written (what a crash after the publishing rename leaves): anything else is the
+    user's, and taking it back as staging would move it aside, then delete what the manifest
+    does not list."""
+    if not dest.is_dir():
+        raise UsageError(f"DEST {dest} exists and is not a directory: give a model directory")
+    parents = {p.as_posix() for name in manifest.files for p in Path(name).parents}
+    for path in dest.rglob("*"):
+        rel = path.relative_to(dest).as_posix()
+        ours = (rel in parents and path.is_dir()) or (path.is_file() and (
+            rel in manifest.files or rel.startswith(MARKER_NAME)))
+        if path.is_symlink() or not ours:
+            raise UsageError(
+                f"DEST {dest} exists without a completion marker and holds {rel!r}, which the "
+                "model does not list: not a model directory; remove it or give another DEST"
+            )
 
 
 def range_size(manifest: Manifest, settings: StoreSettings) -> int:

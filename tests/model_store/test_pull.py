@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from model_store.manifest import MANIFEST_NAME
+from model_store.marker import MARKER_NAME
+from model_store.staging import lease_file, staging_dir
 from tests.conftest import S3Env
 from tests.model_store.conftest import (
     PART,
@@ -17,6 +19,7 @@ from tests.model_store.conftest import (
     assert_same_model,
     authenticating_s3,
     one_line_error,
+    write_model,
 )
 from tests.ports import free_port
 
@@ -142,3 +145,48 @@ def test_too_little_disk(s3: S3Env, push_model: Callable[..., Pushed], tmp_path:
     one_line_error(proc.stderr, "not enough free space on", "MB to fetch")
     assert_nothing_left(dest)
     assert s3.counter.sent[pushed.bucket] == before  # checked before the first GET of model data
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("foreign", ["a file", "a file the model does not list", "a directory"])
+def test_a_dest_that_is_not_a_model_is_refused_untouched(
+    s3: S3Env, push_model: Callable[..., Pushed], tmp_path: Path, foreign: str
+) -> None:
+    """A DEST without a marker is taken back only if it is what a crash after publishing leaves:
+    a user's file or directory given by mistake is neither moved aside nor emptied."""
+    pushed = push_model()
+    dest = tmp_path / "vol" / "m"
+    dest.parent.mkdir()
+    if foreign == "a file":
+        dest.write_text("my notes")
+        fragment, before = "is not a directory", {"": b"my notes"}
+    else:
+        mine = "notes.txt" if foreign.startswith("a file") else "work/notes.txt"
+        write_model(dest, {"config.json": 10, "tok/tokenizer.json": 5, mine: 3})  # 2 it lists
+        fragment, before = "which the model does not list", _files(dest)
+    proc = s3.cli("pull", pushed.url, dest, MODEL_STORE_PART_SIZE=PART)
+    assert proc.returncode == 2
+    one_line_error(proc.stderr, str(dest), fragment)
+    assert (dest.read_bytes() == before[""]) if dest.is_file() else _files(dest) == before
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["m"]  # no staging, no lease
+
+
+def test_a_published_dest_without_its_marker_is_taken_back(
+    s3: S3Env, push_model: Callable[..., Pushed], tmp_path: Path
+) -> None:
+    """A crash between the publishing rename and the marker (its temp file written, or not):
+    the next pull checks the files it finds, fetches nothing and writes the marker."""
+    pushed = push_model()
+    dest = tmp_path / "m"
+    assert s3.cli("pull", pushed.url, dest, MODEL_STORE_PART_SIZE=PART).returncode == 0
+    (dest / MARKER_NAME).rename(dest / f"{MARKER_NAME}.tmp-1")
+    before = s3.counter.sent[pushed.bucket]
+    proc = s3.cli("pull", pushed.url, dest, MODEL_STORE_PART_SIZE=PART)
+    assert proc.returncode == 0, proc.stderr
+    assert "checking its files against the manifest" in proc.stderr
+    assert s3.counter.sent[pushed.bucket] == before
+    assert_same_model(dest, pushed.local)
+    assert not staging_dir(dest).exists() and not lease_file(dest).exists()

@@ -87,6 +87,10 @@ def test_bad_env_var_is_one_line_exit_2() -> None:
     (["ls", "models/llama"], "'models/llama' is not an s3://bucket/prefix URL"),
     (["ls", "s3://models", "--part-size", "1KiB"], "MODEL_STORE_PART_SIZE=1024 (--part-size)"),
     (["pull", "s3://models/m/main", "--concurrency", "0"], "MODEL_STORE_CONCURRENCY"),
+    # Where to pull to, told before any request is made.
+    (["pull", "s3://models/m/main"], "give DEST, or set MODEL_STORE_ROOT (--root)"),
+    (["pull", "s3://models/main", "--root", "/models"], "cannot tell model and revision"),
+    (["pull", "s3://models/m/main", "--root", "/models", "--model", ".."], "invalid model name"),
 ])
 def test_bad_usage_is_one_line_exit_2(argv: list[str], fragment: str, own_signals: None) -> None:
     proc = run_main(main, *argv)
