@@ -67,7 +67,7 @@ def read_adapter_config(directory: Path) -> dict[str, Any] | None:
     """The directory's adapter_config.json, or None when it has none (a model, not an adapter)."""
     path = directory / ADAPTER_CONFIG
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()  # json.loads decodes it: bad UTF-8 is a ValueError below
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -101,7 +101,8 @@ def chunks_for(size: int, part_size: int) -> list[Chunk]:
 def _read_journal(staging: Path) -> dict[str, FileEntry]:
     entries: dict[str, FileEntry] = {}
     try:
-        lines = (staging / JOURNAL).read_text(encoding="utf-8").splitlines()
+        # Undecodable bytes (a torn write) make that line fail to parse, not the pull.
+        lines = (staging / JOURNAL).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return entries
     for line in lines:

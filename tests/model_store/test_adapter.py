@@ -70,6 +70,18 @@ def test_what_is_refused_as_an_adapter(
         adapter_info(d, flag)
 
 
+@pytest.mark.parametrize(("raw", "fragment"), [
+    (b"\xff\xfe{}", "is not valid JSON"),  # not UTF-8
+    (b'{"r": 8', "is not valid JSON"),
+    (b"[8]", "is not a JSON object"),
+])
+def test_an_unreadable_config_is_a_usage_error(tmp_path: Path, raw: bytes, fragment: str) -> None:
+    d = write_adapter(tmp_path / "a")
+    (d / "adapter_config.json").write_bytes(raw)
+    with pytest.raises(UsageError, match=f"adapter_config.json {fragment}"):
+        adapter_info(d)
+
+
 def test_the_flag_names_a_base_the_config_leaves_out(tmp_path: Path) -> None:
     d = write_adapter(tmp_path / "a", base=None)
     assert adapter_info(d, BASE) == AdapterInfo(BASE, 8)
