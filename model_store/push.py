@@ -23,7 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from model_store.adapter import adapter_info
 from model_store.client import check_bucket, make_client, translate
-from model_store.errors import StoreError
+from model_store.errors import StoreError, UsageError
 from model_store.hashing import local_files, sha256_file
 from model_store.manifest import MANIFEST_NAME, Manifest, check_name, put_manifest
 from model_store.marker import FileEntry
@@ -37,10 +37,16 @@ HASH_THREADS = 2
 
 def _files_of(local: Path) -> dict[str, int]:
     if not local.is_dir():
-        raise StoreError(f"{local} is not a directory")
+        raise UsageError(f"{local} is not a directory")
+    # A link whose target is gone (say, a Hugging Face cache's missing blob) is no file to
+    # local_files: skipped, the model would be published without it.
+    broken = next((p for p in local.rglob("*") if p.is_symlink() and not p.exists()), None)
+    if broken is not None:
+        raise UsageError(f"{broken} is a broken symlink (to {os.readlink(broken)}): "
+                         "the model would be pushed without it")
     names = local_files(local)
     if not names:
-        raise StoreError(f"{local} holds no files to push")
+        raise UsageError(f"{local} holds no files to push")
     for name in names:
         check_name(name)  # the same rules pull applies: refuse what pull would refuse
     return {name: (local / name).stat().st_size for name in names}

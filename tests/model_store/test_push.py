@@ -74,13 +74,20 @@ def test_marker_is_not_pushed_and_ls_shows_models(s3: S3Env, tmp_path: Path) -> 
     one_line_error(s3.cli("ls", f"s3://{bucket}/half").stderr, "no models under")
 
 
-def test_refuses_an_empty_or_missing_dir(s3: S3Env, tmp_path: Path) -> None:
+def test_refuses_an_empty_or_missing_dir_or_a_broken_link(s3: S3Env, tmp_path: Path) -> None:
     bucket = s3.bucket()
     (tmp_path / "empty").mkdir()
     write_marker(tmp_path / "empty", "test", {})  # only the marker: still nothing to push
-    one_line_error(s3.cli("push", tmp_path / "empty", f"s3://{bucket}/x").stderr, "no files")
-    one_line_error(s3.cli("push", tmp_path / "nope", f"s3://{bucket}/x").stderr,
-                   "not a directory")
+    (tmp_path / "file").write_text("x")
+    # A Hugging Face cache snapshot whose blob is gone: not pushed as a model without that file.
+    linked = write_model(tmp_path / "linked", {"config.json": 10})
+    (linked / "model.safetensors").symlink_to(tmp_path / "blobs" / "0123abcd")
+    for local, fragment in [("empty", "no files"), ("nope", "not a directory"),
+                            ("file", "not a directory"),
+                            ("linked", "model.safetensors is a broken symlink")]:
+        proc = s3.cli("push", tmp_path / local, f"s3://{bucket}/x")
+        assert proc.returncode == 2, proc.stderr
+        one_line_error(proc.stderr, fragment)
     assert "Contents" not in s3.client().list_objects_v2(Bucket=bucket)
 
 
