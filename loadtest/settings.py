@@ -141,13 +141,18 @@ class CompareSettings(BaseSettings):
                 data = {**data, "api_key": Path(path).read_text(encoding="utf-8").strip()}
             except OSError as exc:
                 raise ValueError(f"--api-key-file: cannot read {path}: {exc.strerror}") from None
+            except UnicodeDecodeError:
+                raise ValueError(f"--api-key-file: {path} is not UTF-8 text") from None
         return data
 
     @model_validator(mode="after")
     def _levels(self) -> CompareSettings:
         if bool(self.users) == bool(self.rate):
             raise ValueError("LOADTEST_USERS / LOADTEST_RATE: give one of --users or --rate")
-        self.levels()
+        try:
+            self.levels()
+        except ValueError as exc:  # this validator sees both fields: name the one given
+            raise ValueError(f"--{self.mode}: {exc}") from None
         return self
 
     # -- derived ---------------------------------------------------------------------------------

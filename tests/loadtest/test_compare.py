@@ -123,7 +123,8 @@ def test_no_or_unknown_command_is_one_line_and_exit_2(
 @pytest.mark.parametrize(("args", "match"), [
     (["--target", "a=m"], "exactly two targets"),
     (["--target", "a=m", "--target", "b=m"], "give one of --users or --rate"),
-    (["--target", "a=m", "--target", "b=m", "--users", "1,x"], "not a comma-separated"),
+    (["--target", "a=m", "--target", "b=m", "--users", "1,x"], "--users: '1,x' is not a comma-"),
+    (["--target", "a=m", "--target", "b=m", "--rate", "0"], "--rate: '0': give positive"),
     (["--target", "a=m", "--target", "b=m", "--users", "1", "--duration", "soon"],
      "not a duration"),
     (["--target", "a=m", "--target", "b=m", "--users", "1", "--duration", "1.5s"],
@@ -212,6 +213,12 @@ def test_api_key_from_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         settings_from_args([*base, "--api-key-file", str(tmp_path / "none")])
     assert "--api-key-file: cannot read" in capsys.readouterr().err
+    (tmp_path / "binary").write_bytes(b"\xff\xfe")
+    with pytest.raises(SystemExit) as exc:
+        settings_from_args([*base, "--api-key-file", str(tmp_path / "binary")])
+    assert exc.value.code == EXIT_USAGE
+    usage_error(capsys.readouterr().err, PROG + " compare",
+                f"--api-key-file: {tmp_path / 'binary'} is not UTF-8 text")
 
 
 @pytest.mark.parametrize(("args", "match"), [
