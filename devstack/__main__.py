@@ -61,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     stack = LocalStack(args.model_dir, workers=args.workers, gateway_port=args.port,
                        worker_base_port=args.worker_base_port, log_dir=args.log_dir,
                        engine_nice=args.engine_nice)
+    # The gateway starts once the engines are up, minutes from now: its settings (the flags
+    # above, GATEWAY_* env) are checked by its own rules first.
+    from gateway.cli import UsageError, parse_settings
+
+    try:
+        parse_settings(stack.gateway_flags())
+    except UsageError as exc:
+        p.fail(f"the gateway would refuse its settings: {exc}")
     stopping = False
 
     def on_signal(sig: int, frame: FrameType | None) -> None:

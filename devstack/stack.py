@@ -158,12 +158,14 @@ class LocalStack:
             self.worker_procs[i] = self._worker_proc(i)
             wait_http_ok(url, timeout_s, [self.worker_procs[i]], stall_s=STALL_S)
 
-    def start_gateway(self) -> None:
-        argv = [sys.executable, "-m", "gateway", "--host", self.host,
-                "--port", str(self.gateway_port), *CPU_FLOW_ARGS]
+    def gateway_flags(self) -> list[str]:
+        argv = ["--host", self.host, "--port", str(self.gateway_port), *CPU_FLOW_ARGS]
         for url in self.worker_urls:
             argv += ["--backend", url]
-        argv += self.gateway_args  # after the defaults above: argparse keeps the last value
+        return argv + self.gateway_args  # after the defaults above: argparse keeps the last value
+
+    def start_gateway(self) -> None:
+        argv = [sys.executable, "-m", "gateway", *self.gateway_flags()]
         self.gateway_proc = Proc("gateway", argv, dict(os.environ), self.log_dir / "gateway.log")
 
     def wait_gateway(self, timeout_s: float = 60) -> None:

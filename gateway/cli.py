@@ -47,16 +47,30 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[GatewaySe
     return parser, source
 
 
-def settings_from_args(argv: list[str] | None = None) -> GatewaySettings:
-    """Parse flags and build settings; exits with code 2 and one line on a bad flag or env var."""
+class UsageError(ValueError):
+    """A flag's or env var's value the settings refuse; the message is the one error line."""
+
+
+def parse_settings(argv: list[str] | None = None) -> GatewaySettings:
+    """Flags and env as settings: a refused value raises UsageError (a flag the parser does not
+    know exits through it). What the process would do with `argv`, for callers that start the
+    gateway later (devstack checks its flags before the engines' minutes of start-up)."""
     parser, source = build_parser()
     try:
         given: dict[str, Any] = source(parsed_args=parser.parse_args(argv))()
         return GatewaySettings(**given)
     except ValidationError as exc:
-        fail(describe(exc))
+        raise UsageError(describe(exc)) from None
     except SettingsError as exc:
-        fail(describe_unparsed(exc))
+        raise UsageError(describe_unparsed(exc)) from None
+
+
+def settings_from_args(argv: list[str] | None = None) -> GatewaySettings:
+    """Parse flags and build settings; exits with code 2 and one line on a bad flag or env var."""
+    try:
+        return parse_settings(argv)
+    except UsageError as exc:
+        fail(str(exc))
 
 
 def flag(path: list[str]) -> str:

@@ -28,6 +28,28 @@ def test_bad_usage_is_one_line_and_exit_2(argv: list[str], prog: str, fragment: 
     usage_error(capsys.readouterr().err, prog, fragment.format(tmp=tmp_path))
 
 
+@pytest.mark.parametrize(("argv", "env", "fragment"), [
+    (["--port", "70000"], {}, "GATEWAY_PORT (--port): Input should be less than or equal to 65535"),
+    ([], {"GATEWAY_FLOW__MAX_QUEUE": "lots"}, "GATEWAY_FLOW__MAX_QUEUE (--flow.max-queue)"),
+])
+def test_the_gateways_settings_are_refused_before_any_engine_starts(
+    argv: list[str], env: dict[str, str], fragment: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gateway starts last, once the engines are up (minutes): a value it would refuse ends
+    the command at once, with nothing started. (Without the check the workers start; the marker
+    timeout makes them give up at once here, so this fails fast rather than hangs.)"""
+    monkeypatch.setenv("WORKER_MARKER_TIMEOUT_S", "0.1")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    logs = tmp_path / "logs"
+    with pytest.raises(SystemExit) as exc:
+        main(["--model-dir", str(tmp_path), "--log-dir", str(logs), *argv])
+    assert exc.value.code == EXIT_USAGE
+    usage_error(capsys.readouterr().err, PROG, "the gateway would refuse its settings", fragment)
+    assert not logs.exists()  # no process was started
+
+
 def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["compare", "--help"])
