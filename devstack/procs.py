@@ -53,6 +53,8 @@ class Proc:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        # The file keeps earlier runs (and restarts); what this process wrote starts here.
+        self._log_start = self._log.tell()
         self.popen = subprocess.Popen(
             argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
@@ -139,7 +141,11 @@ class Proc:
         self._log.close()
 
     def tail(self, lines: int = 30) -> str:
+        """The last lines this process wrote (not an earlier run's: the file is appended to)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_start)
+                text = fh.read().decode(errors="replace")
         except OSError:
             return ""
+        return "\n".join(text.splitlines()[-lines:])
