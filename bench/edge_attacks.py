@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from bench.load import pct
 from bench.procs import fd_count, free_port, rss_mib, wait_ok
+from devstack.cli import Parser
 
 REQUEST_LINE = b"GET /v1/models HTTP/1.1\r\nhost: gw\r\n"
 MiB = 1024 * 1024
@@ -435,16 +436,19 @@ def _slow(host: str, port: int, probe: int, args: argparse.Namespace) -> list[st
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.edge_attacks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gateway-from", action="append", default=[], metavar="LABEL=DIR")
+    p = Parser(prog="python -m bench.edge_attacks", description=__doc__)
+    p.add_argument("--gateway-from", action="append", default=[], metavar="LABEL=DIR",
+                   help="also attack the gateway of the checkout at DIR (repeatable)")
     p.add_argument("--no-current", action="store_true", help="only the --gateway-from ones")
     p.add_argument("--flood", type=int, default=20_000, help="idle connections")
     p.add_argument("--slow", type=int, default=1000, help="slowloris connections per kind")
     p.add_argument("--hold-s", type=float, default=12.0, help="how long floods are watched")
-    p.add_argument("--head-timeout-s", type=float, default=5.0)
-    p.add_argument("--body-timeout-s", type=float, default=5.0)
-    p.add_argument("--bomb-timeout-s", type=float, default=30.0)
+    p.add_argument("--head-timeout-s", type=float, default=5.0,
+                   help="the gateways' --edge.head-timeout-s")
+    p.add_argument("--body-timeout-s", type=float, default=5.0,
+                   help="the gateways' --edge.body-timeout-s")
+    p.add_argument("--bomb-timeout-s", type=float, default=30.0,
+                   help="how long a bomb's connection is watched before it counts as still open")
     p.add_argument("--attacks", default="bombs,flood,slow",
                    help="comma-separated subset of bombs (with the chunked body), flood, slow")
     p.add_argument("--rounds", type=int, default=1,

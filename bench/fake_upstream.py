@@ -32,7 +32,6 @@ or as a process:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import sys
@@ -44,6 +43,8 @@ from typing import Any
 import orjson
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from devstack.cli import Parser
 
 MODEL = "demo"
 _PROMPT_TOKENS = 5  # usage.prompt_tokens per prompt: the fake does not tokenize
@@ -636,8 +637,7 @@ def _flag(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.fake_upstream", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m bench.fake_upstream", description=__doc__)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=9100, help="port to listen on (default %(default)s)")
     for name, field in Behaviour.model_fields.items():

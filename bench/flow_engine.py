@@ -50,6 +50,7 @@ import aiohttp
 
 from bench.load import pct
 from bench.procs import schedstat
+from devstack.cli import Parser
 from devstack.procs import Proc
 from devstack.stack import LocalStack, wait_http_ok
 from gateway.flow.keys import hash_key
@@ -364,8 +365,7 @@ def report_fairness(res: list[Outcome], duration_s: float) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.flow_engine", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m bench.flow_engine", description=__doc__)
     p.add_argument("--model-dir", type=Path, required=True, help="the demo model directory")
     p.add_argument("--workers", type=int, default=2, help="vLLM-CPU replicas (one core each)")
     p.add_argument("--phases", default="capacity,overload,fairness,batching",
@@ -377,7 +377,8 @@ def main() -> int:
                    help="skip measuring: sustainable streams/s to assume")
     p.add_argument("--overload", type=float, default=2.0, help="offered load / capacity")
     p.add_argument("--duration", type=float, default=60.0, help="seconds per open-loop phase")
-    p.add_argument("--batch-concurrency", type=int, default=64)
+    p.add_argument("--batch-concurrency", type=int, default=64,
+                   help="completions in flight per batching round")
     p.add_argument("--batch-requests", type=int, default=256, help="requests per batching round")
     p.add_argument("--rounds", type=int, default=3,
                    help="batching and throughput rounds per variant")
@@ -387,7 +388,8 @@ def main() -> int:
                    help="comma-separated autogroup nice values for the engines' sessions (the "
                         "stack starts them at 10): before the overload phase, a flow round runs "
                         "once per value, alternating, --nice-rounds times")
-    p.add_argument("--nice-rounds", type=int, default=1)
+    p.add_argument("--nice-rounds", type=int, default=1,
+                   help="overload rounds per --engine-nice value")
     p.add_argument("--gateway-arg", action="append", default=[],
                    help="extra flag for the flow gateways, e.g. --gateway-arg=--flow.ttft-target-s=2")
     args = p.parse_args()

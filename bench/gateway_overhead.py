@@ -43,6 +43,7 @@ from urllib.parse import urlparse
 
 from bench.load import latency, pct, throughput
 from bench.procs import free_port, start, stop_all, wait_ok
+from devstack.cli import Parser
 
 KEY = "sk-bench-overhead"
 
@@ -167,17 +168,17 @@ def variants(args: argparse.Namespace, keys: Path) -> dict[str, str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.gateway_overhead", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m bench.gateway_overhead", description=__doc__)
     p.add_argument("--gateway-cmd", default=(
         f"{sys.executable} -m gateway --host 127.0.0.1 --port {{port}} --backend {{upstream}} "
         "--log-level warning"),
         help="command that starts the proxy under test ({port}, {upstream} are filled in)")
     p.add_argument("--duration", type=float, default=8.0, help="seconds per throughput phase")
     p.add_argument("--repeats", type=int, default=3, help="alternating direct/gateway rounds")
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--latency-requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=32, help="streams in flight, throughput")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per stream")
+    p.add_argument("--latency-requests", type=int, default=400,
+                   help="requests, one at a time, per latency phase")
     p.add_argument("--also", action="append", default=[], metavar="NAME=EXTRA_ARGS",
                    help="another gateway to measure, e.g. rr='--routing-policy round_robin'")
     p.add_argument("--flow", action="store_true",
@@ -188,7 +189,7 @@ def main() -> int:
     p.add_argument("--least-outstanding", action="store_true",
                    help="also flow-on with the least_outstanding routing policy")
     p.add_argument("--prompt-bytes", type=int, default=0,
-                   help="user message length in bytes (default: 'hi')")
+                   help="user message length in bytes; 0: 'hi'")
     p.add_argument("--end-delay-s", type=float, default=0.0,
                    help="the fake upstream sends each stream's chunked terminator this long after "
                         "[DONE], as its own write (keep-alive under test: see the connections "

@@ -20,7 +20,6 @@ another proxy run the same way: `LABEL=@vllm-router:/path/to/vllm-router` or `LA
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -31,6 +30,7 @@ from pathlib import Path
 from bench.load import pct
 from bench.procs import busy_share, cpu_busy, cpu_seconds, free_port, start, stop_all, wait_ok
 from bench.real_pace import NGINX_CONF, Round, open_loop
+from devstack.cli import Parser
 
 
 def command(spec: str, port: int, upstream: int, tmp: Path) -> str:
@@ -57,8 +57,7 @@ async def _load(ports: list[int], rate: float, duration: float, tokens: int) -> 
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.paired_cpu", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m bench.paired_cpu", description=__doc__)
     p.add_argument("checkouts", nargs="+", metavar="LABEL=DIR",
                    help="gateway checkouts (or @vllm-router[:PATH], @nginx); ratios are of "
                         "the first to each other")

@@ -60,6 +60,7 @@ import httpx
 
 from bench.flow_engine import wait_idle
 from bench.procs import free_port, free_port_pair
+from devstack.cli import Parser
 from devstack.procs import Proc
 from devstack.stack import LocalStack, wait_http_ok
 
@@ -373,16 +374,16 @@ def start_proxies(stack: LocalStack, logs: Path, variants: dict[str, list[str]],
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.prefix_routing", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-dir", type=Path, default=Path("models/SmolLM2-135M-Instruct"))
-    p.add_argument("--sessions", type=int, default=48)
-    p.add_argument("--turns", type=int, default=3)
+    p = Parser(prog="python -m bench.prefix_routing", description=__doc__)
+    p.add_argument("--model-dir", type=Path, default=Path("models/SmolLM2-135M-Instruct"),
+                   help="the demo model directory")
+    p.add_argument("--sessions", type=int, default=48, help="chat sessions")
+    p.add_argument("--turns", type=int, default=3, help="turns per session")
     p.add_argument("--system-words", type=int, default=560, help="about 650 tokens")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens per answer")
     p.add_argument("--warmup-sessions", type=int, default=8,
                    help="sessions of the warm-up round (same shape, fewer of them)")
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     p.add_argument("--random-requests", type=int, default=24,
                    help="requests per round of the random workload (0: skip it)")
     p.add_argument("--random-repeats", type=int, default=1,
@@ -390,7 +391,7 @@ def main() -> int:
     p.add_argument("--session-repeats", type=int, default=1,
                    help="sessions workload: the mirrored order (A B C D D C B A) this many times")
     p.add_argument("--router", default="", help="vllm-router binary (cache_aware joins the run)")
-    p.add_argument("--kv-cache-gib", type=int, default=1)
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="KV cache per engine, GiB")
     p.add_argument("--affinity-slack", type=int, default=0,
                    help="also run prefix_affinity with --affinity.slack N (a fifth policy)")
     p.add_argument("--workload", choices=("sessions", "adapters"), default="sessions",

@@ -27,7 +27,6 @@ that is deleted afterwards.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shutil
@@ -47,6 +46,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 
 from bench.procs import free_port
+from devstack.cli import Parser
 from model_store.pull import pull
 from model_store.push import push
 from model_store.s3url import S3Url
@@ -99,12 +99,12 @@ def timed(fn: Callable[[Path], Any], work: Path) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--files", type=int, default=8)
-    ap.add_argument("--file-mb", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = Parser(prog="python -m bench.pull_throughput", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=8, help="files in the synthetic model")
+    ap.add_argument("--file-mb", type=int, default=128, help="size of each file, MB")
+    ap.add_argument("--repeats", type=int, default=3, help="timed pulls per concurrency")
     ap.add_argument("--pull-concurrency", default="8,2",
-                    help="pull's in-flight GETs to run, comma-separated (default: 8,2)")
+                    help="pull's in-flight GETs to run, comma-separated")
     args = ap.parse_args()
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
                       AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")

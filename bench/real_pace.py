@@ -50,6 +50,7 @@ from pathlib import Path
 
 from bench.load import build_request, pct
 from bench.procs import busy_share, cpu_busy, cpu_seconds, free_port, start, stop_all, wait_ok
+from devstack.cli import Parser
 
 
 @dataclass
@@ -380,8 +381,7 @@ def overload_line(res: Overload) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.real_pace", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m bench.real_pace", description=__doc__)
     p.add_argument("--rate", type=float, default=250.0, help="requests per second, open loop")
     p.add_argument("--duration", type=float, default=8.0, help="seconds of load per round")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per proxy")
@@ -391,13 +391,13 @@ def main() -> int:
     p.add_argument("--tail-ms", type=float, default=0.0,
                    help="upstream's time before each event after the last token (finish, usage, "
                         "[DONE]); 0: at once, as vLLM writes them; -1: --gap-ms, as for a token")
-    p.add_argument("--router", help="vllm-router binary (default: on PATH)")
+    p.add_argument("--router", help="vllm-router binary; unset: the one on PATH")
     p.add_argument("--no-nginx", action="store_true", help="leave nginx out")
     p.add_argument("--only", action="append", default=[], help="measure only these proxies")
     p.add_argument("--gateway-from", action="append", default=[], metavar="LABEL=DIR",
                    help="also the gateway of the checkout at DIR, e.g. before=/tmp/old")
     p.add_argument("--warmup", type=float, default=0.0,
-                   help="seconds of unmeasured load before each round (default 0: a cold start)")
+                   help="seconds of unmeasured load before each round; 0: a cold start")
     p.add_argument("--headroom", action="store_true",
                    help="step the rate instead; report each proxy's highest sustained rate")
     p.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",")],
@@ -406,13 +406,12 @@ def main() -> int:
     p.add_argument("--max-added-ms", type=float, default=50.0,
                    help="--headroom: the TTFT p99 allowed above the upstream's --ttft-ms")
     p.add_argument("--overload", type=int, default=0, metavar="USERS",
-                   help="closed-loop overload of USERS users instead of the open loop "
-                        "(default 0: off)")
+                   help="closed-loop overload of USERS users instead of the open loop; 0: off")
     p.add_argument("--think-s", type=float, default=1.0,
                    help="--overload: each user's mean pause after an answer or a refusal")
     p.add_argument("--max-num-seqs", type=int, default=0,
-                   help="streams the upstream serves at once; the rest wait for a slot "
-                        "(default 0: no limit)")
+                   help="streams the upstream serves at once; the rest wait for a slot; "
+                        "0: no limit")
     p.add_argument("--gateway-arg", action="append", default=[],
                    help="extra flag for the gateways, e.g. --gateway-arg=--flow.ttft-target-s=0.4")
     args = p.parse_args()

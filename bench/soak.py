@@ -21,7 +21,6 @@ Pinning as in bench/gateway_overhead.py: the gateway on CPU 0, upstream and clie
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -33,6 +32,7 @@ from urllib.parse import urlparse
 
 from bench.load import Conn, build_request
 from bench.procs import fd_count, free_port, rss_mib, start, stop_all, tcp_sockets, wait_ok
+from devstack.cli import Parser
 
 
 @dataclass
@@ -123,16 +123,18 @@ def sample_loop(pid: int, up_port: int, tally: Tally, every_s: float,
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=100_000)
+    p = Parser(prog="python -m bench.soak", description=__doc__)
+    p.add_argument("--requests", type=int, default=100_000, help="measured requests")
     p.add_argument("--warmup", type=int, default=10_000,
                    help="requests before the RSS reference is taken")
-    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=32, help="clients, one connection each")
     p.add_argument("--tokens", type=int, default=16, help="tokens per streamed answer")
-    p.add_argument("--reconnect-every", type=int, default=100)
-    p.add_argument("--abort-every", type=int, default=100)
-    p.add_argument("--sample-s", type=float, default=1.0)
+    p.add_argument("--reconnect-every", type=int, default=100,
+                   help="a client opens a new connection after this many requests; 0: never")
+    p.add_argument("--abort-every", type=int, default=100,
+                   help="every Nth request is abandoned after its first event; 0: none")
+    p.add_argument("--sample-s", type=float, default=1.0,
+                   help="seconds between samples of the gateway's memory, open files and upstream sockets")
     p.add_argument("--gateway-args", default="", help="extra gateway flags")
     p.add_argument("--json", help="write the samples and the summary here")
     args = p.parse_args()
