@@ -26,7 +26,8 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 S3_HELP = "s3://bucket/prefix (endpoint, region and credentials: see the settings below)"
 BASE_HELP = ("the base model of a LoRA adapter, e.g. SmolLM2-135M-Instruct (compared by its last "
-             "path segment: org/Model and /models/Model are the same base)")
+             "path segment: org/Model and /models/Model are the same base); default: none, a "
+             "model, or an adapter whose adapter_config.json names its base")
 
 
 class _Parser(argparse.ArgumentParser):

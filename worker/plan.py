@@ -284,12 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", type=Path, metavar="MODEL_DIR_OR_CONFIG",
                    help="a model directory (config.json, safetensors for real tensor sizes) or "
                         "a config.json; ROOT/<model>/<revision>/ names the model <model>")
-    p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type (memory, bandwidth, TFLOP/s)")
-    p.add_argument("--gpu-mem-gb", type=_positive, help="GPU memory, GB (instead of --gpu)")
+    p.add_argument("--gpu", choices=sorted(GPUS), help="GPU type (memory, bandwidth, TFLOP/s); required unless --gpu-mem-gb is given")
+    p.add_argument("--gpu-mem-gb", type=_positive, help="instead of --gpu, a GPU of these figures: its memory, GB")
     p.add_argument("--gpu-bw-gbs", type=_positive,
-                   help="GPU memory bandwidth, GB/s (with --gpu-mem-gb)")
+                   help="its memory bandwidth, GB/s (required with --gpu-mem-gb)")
     p.add_argument("--gpu-tflops", type=_positive,
-                   help="dense bf16 TFLOP/s (with --gpu-mem-gb; without it, no compute bound)")
+                   help="its dense bf16 TFLOP/s (default: no compute bound)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs in one node (default 8)")
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     p.add_argument("--dtype", default=None,
@@ -303,17 +303,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-gib", type=_positive, default=None,
                    help="KV cache per GPU/rank, GiB, as vLLM-CPU's VLLM_CPU_KVCACHE_SPACE fixes it "
                         "(default: what the GPU memory leaves)")
-    p.add_argument("--tp", type=int, default=None, help="only layouts with this tensor parallel")
-    p.add_argument("--pp", type=int, default=None, help="only layouts with this pipeline parallel")
+    p.add_argument("--tp", type=int, default=None, help="only layouts with this tensor parallel (default: every size)")
+    p.add_argument("--pp", type=int, default=None, help="only layouts with this pipeline parallel (default: every size)")
     p.add_argument("--goal", choices=("latency", "throughput", "fewest-gpus"), default="latency",
                    help="how to rank the layouts that fit (default latency)")
     p.add_argument("--load-gbs", type=_positive, default=0.25,
                    help="GB/s a pod reads its weights from the model volume, for --helm-values' "
                         "start-up probe (default 0.25: a network file share; local NVMe: 2+)")
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="machine-readable output")
+    out.add_argument("--json", action="store_true", help="machine-readable output (default: a table)")
     out.add_argument("--helm-values", action="store_true",
-                     help="the best layout as a `models:` pool for the chart's values.yaml")
+                     help="the best layout as a `models:` pool for the chart's values.yaml "
+                          "(default: a table)")
     return p
 
 
@@ -356,6 +357,11 @@ def _table(spec: ModelSpec, layouts: list[Layout], gpu: Gpu, args: argparse.Name
 
 
 def _gpu(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gpu:
+    custom = [f for f, v in (("--gpu-mem-gb", args.gpu_mem_gb), ("--gpu-bw-gbs", args.gpu_bw_gbs),
+                             ("--gpu-tflops", args.gpu_tflops)) if v is not None]
+    if args.gpu and custom:
+        parser.error(f"--gpu {args.gpu} or {', '.join(custom)}, not both: the figures describe "
+                     "a GPU that is not in --gpu's list")
     if args.gpu:
         return GPUS[args.gpu]
     if args.gpu_mem_gb and args.gpu_bw_gbs:

@@ -305,6 +305,9 @@ def test_helm_values_validate_against_the_chart_schema() -> None:
         ([str(QWEN), "--gpu-mem-gb", "-80", "--gpu-bw-gbs", "2000"],
          "argument --gpu-mem-gb: must be above 0 (got -80)"),
         ([str(QWEN), "--gpu-mem-gb", "0", "--gpu-bw-gbs", "2000"], "must be above 0 (got 0)"),
+        # Figures of a GPU beside --gpu would be ignored: which GPU was meant?
+        ([str(QWEN), "--gpu", "A100-80GB", "--gpu-mem-gb", "40"],
+         "--gpu A100-80GB or --gpu-mem-gb, not both"),
         ([str(QWEN), "--gpu", "L4", "--max-model-len", "40000"],
          "--max-model-len 40000 exceeds the model's maximum 32768 (max_position_embeddings"),
         ([str(QWEN), "--gpu", "H100", "--dtype", "int4", "--helm-values"],
