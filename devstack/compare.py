@@ -29,7 +29,9 @@ import httpx
 from devstack.cli import EXIT_FAILED, PROG, Parser, error_line
 from devstack.procs import Proc, tree_cpu_seconds
 from devstack.stack import CPU_FLOW_ARGS, wait_http_ok
-from model_store.perfmodel import ensure_perf_model
+from loadtest.errors import UsageError
+from loadtest.settings import parse_settings
+from model_store.perfmodel import PerfModelError, ensure_perf_model
 
 TP_NAME, PP_NAME = "perf-tp", "perf-pp"
 # The A/A report beside this one (run/compare/a-a/), as a link relative to tp-vs-pp/report.md.
@@ -117,14 +119,19 @@ def idle_cost(pools: dict[str, list[Proc]], gateway: str, window_s: float) -> di
     return out
 
 
-def _compare(gateway: str, out: Path, targets: list[str], users: str, duration: str,
-             rounds: int, max_tokens: int) -> int:
-    argv = [sys.executable, "-m", "loadtest", "compare", "--host", gateway]
+def compare_flags(gateway: str, out: Path, targets: list[str], users: str, duration: str,
+                  rounds: int, max_tokens: int) -> list[str]:
+    """`loadtest compare`'s flags for one comparison."""
+    argv = ["--host", gateway]
     for t in targets:
         argv += ["--target", t]
-    argv += ["--users", users, "--duration", duration, "--rounds", str(rounds),
-             "--workload", "chat", "--max-tokens", str(max_tokens), "--out", str(out),
-             "--accelerator", "core"]
+    return argv + ["--users", users, "--duration", duration, "--rounds", str(rounds),
+                   "--workload", "chat", "--max-tokens", str(max_tokens), "--out", str(out),
+                   "--accelerator", "core"]
+
+
+def _compare(flags: list[str]) -> int:
+    argv = [sys.executable, "-m", "loadtest", "compare", *flags]
     print("+ " + " ".join(argv[1:]), flush=True)
     return subprocess.run(argv, check=False).returncode
 
@@ -178,8 +185,33 @@ def main(argv: list[str] | None = None) -> int:
                         "engines get a tenth of a core each and start in tens of minutes")
     p.add_argument("--idle-window-s", type=float, default=10.0, help="CPU sampling window")
     args = p.parse_args(argv)
+    if args.idle_window_s <= 0:
+        p.fail(f"--idle-window-s must be above 0 (got {args.idle_window_s})")
+    # The comparisons run once the pools are up, minutes from now: loadtest's own rules check
+    # their flags first (the gateway's URL stands in for the one it will get).
+    levels = args.users.split(",")
 
-    model = ensure_perf_model(args.demo_dir, args.perf_dir)
+    def comparisons(gateway: str) -> list[list[str]]:
+        """TP against PP at every level, then the A/A run at the middle one."""
+        return [compare_flags(gateway, args.out / "tp-vs-pp", [f"tp={TP_NAME}", f"pp={PP_NAME}"],
+                              args.users, args.duration, args.rounds, args.max_tokens),
+                compare_flags(gateway, args.out / "a-a", [f"tp={TP_NAME}", f"tp-again={TP_NAME}"],
+                              levels[len(levels) // 2], args.duration, args.rounds,
+                              args.max_tokens)]
+
+    for flags in comparisons("http://127.0.0.1:1"):
+        try:
+            parse_settings(flags)
+        except UsageError as exc:
+            p.fail(f"loadtest compare would refuse: {exc}")
+
+    try:
+        model = ensure_perf_model(args.demo_dir, args.perf_dir)
+    except PerfModelError as exc:  # --demo-dir without the demo model, --perf-dir not ours
+        p.fail(str(exc))
+    except OSError as exc:
+        error_line(f"{PROG} compare", f"cannot build the model at {args.perf_dir}: {exc}")
+        return EXIT_FAILED
     logs = args.out / "logs"
     pools, urls = start_pools(model, logs, args.engine_nice)
     procs = [proc for group in pools.values() for proc in group]
@@ -203,11 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pools up after {started_s:.0f} s; measuring idle-pool CPU ...", flush=True)
         cost = idle_cost(pools, gw_url, args.idle_window_s)
         print(f"CPU (cores): {cost}", flush=True)
-        rc = _compare(gw_url, args.out / "tp-vs-pp", [f"tp={TP_NAME}", f"pp={PP_NAME}"],
-                      args.users, args.duration, args.rounds, args.max_tokens)
-        aa_level = args.users.split(",")[len(args.users.split(",")) // 2]
-        rc_aa = _compare(gw_url, args.out / "a-a", [f"tp={TP_NAME}", f"tp-again={TP_NAME}"],
-                         aa_level, args.duration, args.rounds, args.max_tokens)
+        rc, rc_aa = [_compare(flags) for flags in comparisons(gw_url)]
         setup = {"pools_started_s": round(started_s), "cpu_cores": cost,
                  "shared_cores": True, "total_s": round(time.monotonic() - t_start)}
         (args.out / "setup.json").write_text(json.dumps(setup, indent=1) + "\n")

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
-from loadtest.errors import EXIT_USAGE, PROG, error_line
+from loadtest.errors import EXIT_USAGE, PROG, UsageError, error_line
 from loadtest.metrics import parse_slos
 from loadtest.workloads import WORKLOADS
 
@@ -187,6 +187,17 @@ def _usage_error(prog: str, message: str) -> NoReturn:
 
 
 def settings_from_args(argv: list[str]) -> CompareSettings:
+    """Flags and env as settings; a refused value ends the process: one line, exit code 2."""
+    try:
+        return parse_settings(argv)
+    except UsageError as exc:
+        _usage_error(f"{PROG} compare", str(exc))
+
+
+def parse_settings(argv: list[str]) -> CompareSettings:
+    """Flags and env as settings: a refused value raises UsageError with the one-line message (a
+    flag the parser does not know exits through it). For callers that run the comparison later
+    (devstack compare checks its flags before the engines' minutes of start-up)."""
     parser = _Parser(
         prog=f"{PROG} compare",
         description="Compare two targets (pools) behind one gateway: locust runs alternating "
@@ -201,11 +212,11 @@ def settings_from_args(argv: list[str]) -> CompareSettings:
         return CompareSettings(**given)
     except SettingsError as exc:  # a list flag given as malformed JSON
         why = f" ({exc.__cause__})" if exc.__cause__ and str(exc.__cause__) not in str(exc) else ""
-        _usage_error(parser.prog, f"{exc}{why}; repeat the flag, one value each")
+        raise UsageError(f"{exc}{why}; repeat the flag, one value each") from None
     except ValidationError as exc:
         msgs = []
         for err in exc.errors():
             loc = "_".join(str(p) for p in err["loc"] if not isinstance(p, int))
             msg = str(err["msg"]).removeprefix("Value error, ")
             msgs.append(f"--{loc.replace('_', '-')}: {msg}" if loc else msg)
-        _usage_error(parser.prog, "; ".join(msgs))
+        raise UsageError("; ".join(msgs)) from None

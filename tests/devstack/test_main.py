@@ -18,6 +18,18 @@ from tests.cli import EXIT_USAGE, usage_error
                                           "demo model with `python -m model_store bootstrap-demo")),
     (["--model-dir", "{tmp}", "--workers", "0"], PROG, "--workers must be at least 1 (got 0)"),
     (["compare", "--rounds", "two"], f"{PROG} compare", "argument --rounds: invalid int value"),
+    (["compare", "--demo-dir", "{tmp}/none"], f"{PROG} compare",
+     "{tmp}/none has no tokenizer.json (run make model first)"),
+    # Values only the load test would refuse, after the pools' minutes of start-up: refused now.
+    # (The missing --demo-dir makes a run without these checks fail at once too.)
+    (["compare", "--demo-dir", "{tmp}/none", "--users", "1,x"], f"{PROG} compare",
+     "loadtest compare would refuse: --users: '1,x' is not a comma-separated list"),
+    (["compare", "--demo-dir", "{tmp}/none", "--duration", "soon"], f"{PROG} compare",
+     "--duration: 'soon' is not a duration"),
+    (["compare", "--demo-dir", "{tmp}/none", "--rounds", "0"], f"{PROG} compare",
+     "--rounds: Input should be greater than or equal to 1"),
+    (["compare", "--demo-dir", "{tmp}/none", "--idle-window-s", "-1"], f"{PROG} compare",
+     "--idle-window-s must be above 0 (got -1.0)"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(argv: list[str], prog: str, fragment: str,
                                           tmp_path: Path,
