@@ -139,16 +139,21 @@ def render(dashboard: dict[str, Any], start: float, path: Path,
     plt.close(fig)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m deploy.dashboards.render", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=Path, help="query results from the e2e test")
-    p.add_argument("--out", type=Path, default=Path("docs"), help="directory for the PNGs")
-    args = p.parse_args()
+    p.add_argument("--out", type=Path, default=Path("docs"),
+                   help="directory for the PNGs (default: docs)")
+    args = p.parse_args(argv)
     try:
         data = json.loads(args.results.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        p.exit(2, f"render: cannot read {args.results}: {exc}\n")
+        p.exit(2, f"{p.prog}: error: cannot read {args.results}: {exc}\n")
+    if not (isinstance(data, dict) and isinstance(data.get("dashboards"), dict)
+            and isinstance(data.get("start"), (int, float))):
+        p.exit(2, f"{p.prog}: error: {args.results} is not a results file (a JSON object with "
+                  "'dashboards' and 'start', as tests/e2e/test_observability.py writes it)\n")
     args.out.mkdir(parents=True, exist_ok=True)
     for name, dashboard in data["dashboards"].items():
         path = args.out / f"dashboard-{name.removesuffix('.json').removeprefix('llmserve-')}.png"

@@ -14,6 +14,8 @@ import yaml
 
 from deploy.dashboards.__main__ import DASHBOARDS, OUT, all_dashboards
 from deploy.dashboards.common import Dashboard, substitute, to_json, variable_source
+from deploy.dashboards.render import main as render_main
+from tests.cli import usage_error
 from tests.deploy.manifests import Release
 
 BUILT = all_dashboards()
@@ -117,3 +119,24 @@ def test_every_preset_with_monitoring_ships_every_dashboard(preset: Release) -> 
         assert json.loads(text) == json.loads((OUT / name).read_text(encoding="utf-8"))
 
 
+
+
+@pytest.mark.parametrize(("content", "fragment"), [
+    (None, "cannot read"),  # a directory
+    ("{", "cannot read"),
+    ("[]", "is not a results file"),
+    ('{"dashboards": {}}', "is not a results file"),
+])
+def test_render_refuses_what_is_not_a_results_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, fragment: str,
+) -> None:
+    results = tmp_path / "results.json"
+    if content is None:
+        results.mkdir()
+    else:
+        results.write_text(content)
+    with pytest.raises(SystemExit) as exc:
+        render_main([str(results), "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    usage_error(capsys.readouterr().err, "python -m deploy.dashboards.render", fragment)
+    assert not (tmp_path / "out").exists()
