@@ -7,7 +7,10 @@
 - body deadline: the longest gap between two reads of a body the app is reading (408);
 - a response finished while the request body still arrives (a 413, a 401 before a big upload)
   closes the connection instead of reading the rest;
-- connections over `max_connections` are closed at accept.
+- connections over `max_connections` are closed at accept;
+- a request with an `Upgrade` header (or CONNECT): httptools skips its body and drops the rest of
+  the read it came in, so one with a body is refused (400), and one without is answered as plain
+  HTTP with `connection: close`, nothing after its head being parsed.
 
 Deadlines are armed only when a read leaves a head or a body incomplete. A refusal is answered
 where the client can still read it, then input is dropped until the client closes (or for
@@ -69,6 +72,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self.__refused = False
         self.__deferred: bytes | None = None  # a refusal's answer, due after the running response
         self.__linger_room = 0
+        self.__last = False  # the head of the connection's last request was parsed
 
     # -- the connection (asyncio's callbacks) ----------------------------------------------------
 
@@ -97,7 +101,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self.__writer.resume_writing()
 
     def data_received(self, data: bytes) -> None:
-        if self.__refused:  # lingering: drop what the client still sends, up to a point
+        if self.__refused or self.__last:  # drop what the client still sends, up to a point
             self.__linger_room -= len(data)
             if self.__linger_room < 0:
                 self.__transport.abort()
@@ -151,9 +155,21 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.__headers > self.__max_headers:
             self.__refuse_too_many_headers()
             return
+        upgrade = self.parser.should_upgrade()
+        if upgrade and self.__has_body():
+            self.__refuse("bad_request", InvalidRequest(
+                "a request with a body cannot carry an Upgrade header: the gateway speaks "
+                "HTTP/1.1 only (curl: no --http2 on an http:// URL)"))
+            return
         self.__heads += 1
         self.__in_body = True
         super().on_headers_complete()
+        if upgrade:
+            # The rest of this read is lost to the parser, so nothing after this head is parsed:
+            # the request is answered, announcing the close, and the connection closes.
+            self.__last = True
+            self.__linger_room = _LINGER_BYTES
+            self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
         if not self.__refused:
@@ -245,6 +261,11 @@ class EdgeProtocol(HttpToolsProtocol):
     def __peer(self) -> tuple[str, int] | None:
         peer = self.__transport.get_extra_info("peername")
         return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+
+    def __has_body(self) -> bool:
+        # uvicorn's list of the head's headers; the parser already refused a malformed length.
+        return any(name == b"transfer-encoding" or (name == b"content-length" and int(value) > 0)
+                   for name, value in self.headers)
 
     def __refuse_too_many_headers(self) -> None:
         self.__refuse("too_many_headers",
