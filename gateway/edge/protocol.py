@@ -2,6 +2,9 @@
 
 - head size: the parser gets at most `max_head_bytes` of an incomplete head (431);
 - header count: headers past `max_headers` are not kept, and the head is refused (431);
+- chunked body framing (chunk sizes, extensions, trailers): at most `max_head_bytes` of it in a
+  row, counted as reads of a body that bring no body data (431); httptools keeps a trailer's value
+  whole, copying it at every read;
 - head deadline: from the connection's opening (or the read that left a later head incomplete)
   to the end of the head (408, or a plain close for a connection that never sent a byte);
 - body deadline: the longest gap between two reads of a body the app is reading (408);
@@ -73,6 +76,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self.__deferred: bytes | None = None  # a refusal's answer, due after the running response
         self.__linger_room = 0
         self.__last = False  # the head of the connection's last request was parsed
+        self.__framing = 0  # bytes of the body's reads since the last one with body data
+        self.__body_read = False  # the read being parsed brought body data
 
     # -- the connection (asyncio's callbacks) ----------------------------------------------------
 
@@ -110,6 +115,7 @@ class EdgeProtocol(HttpToolsProtocol):
             self.__body_at = self.__loop.time()
         if not self.__in_head:
             super().data_received(data)
+            self.__count_framing(len(data))
         elif len(data) <= self.__head_room:
             self.__head_room -= len(data)
             super().data_received(data)
@@ -173,6 +179,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         if not self.__refused:
+            self.__body_read = True
             super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -261,6 +268,19 @@ class EdgeProtocol(HttpToolsProtocol):
     def __peer(self) -> tuple[str, int] | None:
         peer = self.__transport.get_extra_info("peername")
         return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+
+    def __count_framing(self, n: int) -> None:
+        # After a read of a body: one that brought body data (or ended the body) ends the run of
+        # framing (whatever framing it also held, a read's worth at most, goes uncounted).
+        if self.__body_read or not self.__in_body:
+            self.__body_read, self.__framing = False, 0
+            return
+        if self.__refused:
+            return
+        self.__framing += n
+        if self.__framing > self.__max_head:
+            self.__refuse("head_too_large", HeadTooLarge(
+                f"chunk sizes, extensions or trailers exceed {self.__max_head} bytes"))
 
     def __has_body(self) -> bool:
         # uvicorn's list of the head's headers; the parser already refused a malformed length.
