@@ -1,7 +1,7 @@
 """Hostile and slow clients against real gateway processes, the same attacks on each, side by side.
 
-Header bombs (4M headers, one 128 MB header value, 10k small headers), a chunked body far over the
-body limit, 20k idle connections (two client processes of 10k: the fd limit here is 20,000), and
+Header bombs (4M headers, one 128 MB header value, 10k small headers, and in a chunked body one
+128 MB trailer value or chunk extension), a chunked body far over the body limit, 20k idle connections (two client processes of 10k: the fd limit here is 20,000), and
 slowloris heads and bodies. Measured per gateway: time to the answer (or the close), its status,
 RSS growth, the longest /health answer while the attack runs (polled on a fresh connection every
 50 ms, as a kubelet does; on the probe port where the gateway has one), failed health polls,
@@ -65,9 +65,40 @@ def numbered_headers(count: int) -> Iterator[bytes]:
     yield REQUEST_LINE + b"".join(b"x-h%d: v\r\n" % i for i in range(count)) + b"\r\n"
 
 
+def _chunked_head(path: bytes = b"/v1/chat/completions") -> bytes:
+    return (b"POST " + path + b" HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\n\r\n")
+
+
+def huge_trailer(total: int) -> Iterator[bytes]:
+    """A chunked body of `{}` whose trailer section holds one `total`-byte value."""
+    yield _chunked_head() + b"2\r\n{}\r\n0\r\nx-big: "
+    piece = b"a" * MiB
+    for _ in range(total // MiB):
+        yield piece
+    yield b"\r\n\r\n"
+
+
+def huge_chunk_extension(total: int) -> Iterator[bytes]:
+    """A chunked body of `{}` whose one chunk has a `total`-byte extension."""
+    yield _chunked_head() + b"2;x="
+    piece = b"a" * MiB
+    for _ in range(total // MiB):
+        yield piece
+    yield b"\r\n{}\r\n0\r\n\r\n"
+
+
+BOMBS = {
+    "4M headers": lambda: many_headers(4_000_000),
+    "128 MB header value": lambda: huge_value(128 * MiB),
+    "10k small headers": lambda: numbered_headers(10_000),
+    "128 MB trailer value": lambda: huge_trailer(128 * MiB),
+    "128 MB chunk extension": lambda: huge_chunk_extension(128 * MiB),
+}
+
+
 def chunked_body(total: int, path: bytes = b"/v1/chat/completions") -> Iterator[bytes]:
-    yield (b"POST " + path + b" HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-           b"transfer-encoding: chunked\r\n\r\n")
+    yield _chunked_head(path)
     chunk = b"%x\r\n" % MiB + b"a" * MiB + b"\r\n"
     for _ in range(total // MiB):
         yield chunk
@@ -335,10 +366,7 @@ def run_one(label: str, cmd: str, cwd: str, port: int, probe: int,
         time.sleep(2)
         base = baseline.stop()
         lines.append(f"well-behaved GET /v1/models baseline: p99 {base.p99_ms():.2f} ms")
-        bombs = [("4M headers", lambda: many_headers(4_000_000)),
-                 ("128 MB header value", lambda: huge_value(128 * MiB)),
-                 ("10k small headers", lambda: numbered_headers(10_000))]
-        for name, pieces in bombs if "bombs" in args.attacks else []:
+        for name, pieces in BOMBS.items() if "bombs" in args.attacks else []:
             health = Poller(host, probe)
             good = Poller(host, port, "/v1/models", 0.01, keep_alive=True)
             health.start()

@@ -29,7 +29,7 @@ from uvicorn.server import ServerState
 
 from gateway.api.deps import ProxyDeps
 from gateway.app import build_app
-from gateway.edge import Edge, EdgeProtocol, QuietUpgrades, check_fd_limit, open_probe_listener
+from gateway.edge import Edge, EdgeProtocol, QuietRequests, check_fd_limit, open_probe_listener
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway")
@@ -59,9 +59,9 @@ def run(settings: GatewaySettings) -> None:
         interface="asgi3",
         # httptools, with the edge's caps and deadlines (gateway/edge/).
         http=EdgeProtocol.bound(edge),
-        # No WebSocket endpoints: an Upgrade header is ignored and the request served as HTTP,
-        # under the edge's caps and deadlines (QuietUpgrades keeps uvicorn's warnings for it
-        # from becoming a line per request).
+        # No WebSocket endpoints: a request with an Upgrade header is served as plain HTTP, under
+        # the edge's caps and deadlines (EdgeProtocol has how), and QuietRequests keeps
+        # uvicorn's warnings for it from becoming a line per request.
         ws="none",
         lifespan="on",
         access_log=False,  # a log line per request would cost more than the proxying
@@ -71,7 +71,8 @@ def run(settings: GatewaySettings) -> None:
         backlog=4096,
         proxy_headers=False,  # nothing here uses the client address
     )
-    logging.getLogger("uvicorn.error").addFilter(QuietUpgrades())  # after Config set logging up
+    # After Config set logging up: uvicorn's per-request warnings, once per 10 s at most.
+    logging.getLogger("uvicorn.error").addFilter(QuietRequests())
     # Requests make no reference cycles (tests/gateway/test_server.py), so the start-up objects
     # are frozen out of the older collections and young ones run rarely; a cycle per request
     # would make the process grow between full collections.

@@ -128,7 +128,8 @@ class EdgeSettings(BaseModel):
     # As Envoy's caps (60 KiB, 100 headers); an OpenAI client sends well under 2 KiB.
     max_head_bytes: int = Field(
         64 * 1024, ge=1024, le=16 * 1024 * 1024,
-        description="largest request head (request line + headers); larger gets 431")
+        description="largest request head (request line + headers), and most chunk sizes, "
+                    "extensions and trailers in a row in a chunked body; larger gets 431")
     max_headers: int = Field(100, ge=8, le=10_000, description="most request headers; more: 431")
     head_timeout_s: float = Field(
         10.0, gt=0, description="a connection's first byte, or a request's, to the end of its head")

@@ -7,8 +7,8 @@ subclass calling `super()` in every callback it extends (`protocol.EdgeProtocol`
 and refusal records a process shares (`limits.Edge`), and a listener of the probes' own (`probe`).
 """
 
-from gateway.edge.limits import Edge, QuietUpgrades, check_fd_limit
+from gateway.edge.limits import Edge, QuietRequests, check_fd_limit
 from gateway.edge.probe import open_probe_listener
 from gateway.edge.protocol import EdgeProtocol
 
-__all__ = ["Edge", "EdgeProtocol", "QuietUpgrades", "check_fd_limit", "open_probe_listener"]
+__all__ = ["Edge", "EdgeProtocol", "QuietRequests", "check_fd_limit", "open_probe_listener"]

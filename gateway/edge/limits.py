@@ -37,22 +37,28 @@ class Edge:
             f" ({detail})" if detail else "")
 
 
-class QuietUpgrades(logging.Filter):
-    """uvicorn logs a warning (two without a WebSocket protocol) for every request with an
-    `Upgrade` header it does not take up. The gateway serves no WebSockets (`ws="none"`): it
-    answers such a request as plain HTTP, as RFC 9110 allows, and logs at most one line per
-    10 s for them, so that a client cannot write a log line per request."""
+class QuietRequests(logging.Filter):
+    """uvicorn logs a warning for every request it cannot parse, and one (two without a WebSocket
+    protocol) for every request with an `Upgrade` header it does not take up: a client could write
+    a log line per request. The edge records the first itself (`bad_request`, at most one line per
+    10 s); for upgrades, which the gateway answers as plain HTTP (`ws="none"`, as RFC 9110
+    allows), this filter logs at most one line per 10 s."""
 
-    _MESSAGES = ("Unsupported upgrade request.", "No supported WebSocket library detected")
+    _INVALID = "Invalid HTTP request received."
+    _UPGRADE = ("Unsupported upgrade request.", "No supported WebSocket library detected")
 
     def __init__(self) -> None:
         super().__init__()
         self._log = RateLimitedLog(log, burst=1)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not isinstance(record.msg, str) or not record.msg.startswith(self._MESSAGES):
+        if not isinstance(record.msg, str):
             return True
-        if record.msg == self._MESSAGES[0]:
+        if record.msg == self._INVALID:
+            return False
+        if not record.msg.startswith(self._UPGRADE):
+            return True
+        if record.msg == self._UPGRADE[0]:
             self._log.warning("edge: upgrade requests answered as plain HTTP/1.1")
         return False
 

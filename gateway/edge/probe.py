@@ -30,9 +30,10 @@ async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp,
             return
         await app(scope, receive, send)
 
-    # The API listener's settings, serving the probes: protocols read their app from their config.
+    # The API listener's settings, serving the probes: protocols read their app from their config
+    # (and an Upgrade header is served as plain HTTP on both: no WebSocket protocol).
     probe = Config(probes_only, interface="asgi3", lifespan="off", log_config=None,
-                   proxy_headers=False, timeout_keep_alive=config.timeout_keep_alive)
+                   proxy_headers=False, timeout_keep_alive=config.timeout_keep_alive, ws=config.ws)
     state = ServerState()
     protocol = EdgeProtocol.bound(edge)
 

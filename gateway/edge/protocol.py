@@ -2,12 +2,18 @@
 
 - head size: the parser gets at most `max_head_bytes` of an incomplete head (431);
 - header count: headers past `max_headers` are not kept, and the head is refused (431);
+- chunked body framing (chunk sizes, extensions, trailers): at most `max_head_bytes` of it in a
+  row, counted as reads of a body that bring no body data (431); httptools keeps a trailer's value
+  whole, copying it at every read;
 - head deadline: from the connection's opening (or the read that left a later head incomplete)
   to the end of the head (408, or a plain close for a connection that never sent a byte);
 - body deadline: the longest gap between two reads of a body the app is reading (408);
 - a response finished while the request body still arrives (a 413, a 401 before a big upload)
   closes the connection instead of reading the rest;
-- connections over `max_connections` are closed at accept.
+- connections over `max_connections` are closed at accept;
+- a request with an `Upgrade` header (or CONNECT): httptools skips its body and drops the rest of
+  the read it came in, so one with a body is refused (400), and one without is answered as plain
+  HTTP with `connection: close`, nothing after its head being parsed.
 
 Deadlines are armed only when a read leaves a head or a body incomplete. A refusal is answered
 where the client can still read it, then input is dropped until the client closes (or for
@@ -69,6 +75,9 @@ class EdgeProtocol(HttpToolsProtocol):
         self.__refused = False
         self.__deferred: bytes | None = None  # a refusal's answer, due after the running response
         self.__linger_room = 0
+        self.__last = False  # the head of the connection's last request was parsed
+        self.__framing = 0  # bytes of the body's reads since the last one with body data
+        self.__body_read = False  # the read being parsed brought body data
 
     # -- the connection (asyncio's callbacks) ----------------------------------------------------
 
@@ -97,7 +106,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self.__writer.resume_writing()
 
     def data_received(self, data: bytes) -> None:
-        if self.__refused:  # lingering: drop what the client still sends, up to a point
+        if self.__refused or self.__last:  # drop what the client still sends, up to a point
             self.__linger_room -= len(data)
             if self.__linger_room < 0:
                 self.__transport.abort()
@@ -106,6 +115,7 @@ class EdgeProtocol(HttpToolsProtocol):
             self.__body_at = self.__loop.time()
         if not self.__in_head:
             super().data_received(data)
+            self.__count_framing(len(data))
         elif len(data) <= self.__head_room:
             self.__head_room -= len(data)
             super().data_received(data)
@@ -151,12 +161,25 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.__headers > self.__max_headers:
             self.__refuse_too_many_headers()
             return
+        upgrade = self.parser.should_upgrade()
+        if upgrade and self.__has_body():
+            self.__refuse("bad_request", InvalidRequest(
+                "a request with a body cannot carry an Upgrade header: the gateway speaks "
+                "HTTP/1.1 only (curl: no --http2 on an http:// URL)"))
+            return
         self.__heads += 1
         self.__in_body = True
         super().on_headers_complete()
+        if upgrade:
+            # The rest of this read is lost to the parser, so nothing after this head is parsed:
+            # the request is answered, announcing the close, and the connection closes.
+            self.__last = True
+            self.__linger_room = _LINGER_BYTES
+            self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
         if not self.__refused:
+            self.__body_read = True
             super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -245,6 +268,24 @@ class EdgeProtocol(HttpToolsProtocol):
     def __peer(self) -> tuple[str, int] | None:
         peer = self.__transport.get_extra_info("peername")
         return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+
+    def __count_framing(self, n: int) -> None:
+        # After a read of a body: one that brought body data (or ended the body) ends the run of
+        # framing (whatever framing it also held, a read's worth at most, goes uncounted).
+        if self.__body_read or not self.__in_body:
+            self.__body_read, self.__framing = False, 0
+            return
+        if self.__refused:
+            return
+        self.__framing += n
+        if self.__framing > self.__max_head:
+            self.__refuse("head_too_large", HeadTooLarge(
+                f"chunk sizes, extensions or trailers exceed {self.__max_head} bytes"))
+
+    def __has_body(self) -> bool:
+        # uvicorn's list of the head's headers; the parser already refused a malformed length.
+        return any(name == b"transfer-encoding" or (name == b"content-length" and int(value) > 0)
+                   for name, value in self.headers)
 
     def __refuse_too_many_headers(self) -> None:
         self.__refuse("too_many_headers",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -72,3 +75,38 @@ def json_error(body: bytes) -> dict[str, object]:
     err = orjson.loads(body)["error"]
     assert set(err) == {"message", "type", "param", "code"}
     return dict(err)
+
+
+def until_closed(port: int, *pieces: bytes, gap_s: float = 0.1,
+                 timeout_s: float = 5) -> list[tuple[int, bytes]]:
+    """Send `pieces` on one connection, `gap_s` apart, and read until the gateway closes it
+    (within `timeout_s`): the status and body of each Content-Length answer, all there was."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        for i, piece in enumerate(pieces):
+            if i:
+                time.sleep(gap_s)
+            sock.sendall(piece)
+        received = b""
+        while chunk := sock.recv(65536):  # a TimeoutError here: the connection was left open
+            received += chunk
+    answers = []
+    while received:
+        head, sep, rest = received.partition(b"\r\n\r\n")
+        assert sep, f"not a whole answer: {received!r}"
+        lines = head.split(b"\r\n")
+        length = next(int(line.split(b":", 1)[1]) for line in lines
+                      if line.lower().startswith(b"content-length:"))
+        assert len(rest) >= length, f"a cut answer: {received!r}"
+        answers.append((int(lines[0].split(b" ")[1]), rest[:length]))
+        received = rest[length:]
+    return answers
+
+
+def ended_log(proc: subprocess.Popen[str], timeout_s: float = 15) -> str:
+    """The log of a gateway process told to stop (SIGTERM): it must exit within `timeout_s`,
+    cleanly, having logged no traceback."""
+    assert proc.wait(timeout_s) in (0, -signal.SIGTERM)
+    assert proc.stderr is not None
+    log = proc.stderr.read()
+    assert "Traceback" not in log, log
+    return log

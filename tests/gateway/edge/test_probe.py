@@ -15,7 +15,7 @@ import pytest
 from bench.fake_upstream import Behaviour, start_in_thread
 from gateway.settings import EdgeSettings, GatewaySettings
 from tests import loopback
-from tests.gateway.edge.conftest import Gateway, edge_gateway
+from tests.gateway.edge.conftest import Gateway, edge_gateway, json_error, until_closed
 from tests.ports import free_port
 
 
@@ -26,6 +26,19 @@ def test_the_probe_port_serves_probes_only(gw: Gateway) -> None:
     r = loopback.get(gw.probe_url + "/v1/models")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
+
+
+def test_the_probe_port_serves_upgrade_requests_as_plain_http(gw: Gateway) -> None:
+    # Its listener had uvicorn's default WebSocket protocol: a WebSocket upgrade of /health got a
+    # 403 in text/plain, and a POST with one no answer at all.
+    ws = (b"connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\n"
+          b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n")
+    answers = until_closed(gw.probe, b"GET /health HTTP/1.1\r\nhost: x\r\n" + ws + b"\r\n")
+    assert answers == [(200, b'{"status":"ok"}')]
+    answers = until_closed(gw.probe, b"POST /health HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n"
+                           + ws + b"\r\n{}")
+    assert [status for status, _ in answers] == [400]
+    assert json_error(answers[0][1])["type"] == "invalid_request_error"
 
 @pytest.mark.slow
 def test_the_probe_port_answers_through_the_drain() -> None:
