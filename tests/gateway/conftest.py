@@ -79,7 +79,7 @@ def run_gateway(*, expect_ready: bool = True, edge: bool = True, keep_alive_s: f
     app = build_app(s)
     # The production protocol (gateway/edge/), so every gateway test also drives the edge.
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on",
-                            loop=loop, interface="asgi3",
+                            loop=loop, interface="asgi3", ws="none",  # as gateway/server.py
                             timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
                             http=EdgeProtocol.bound(Edge(s.edge, app.state.metrics))
                             if edge else "httptools")
