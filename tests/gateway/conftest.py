@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -143,3 +144,22 @@ def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.
             gw.wait()
         assert gw.stderr is not None
         gw.stderr.close()
+
+
+class BackgroundStream:
+    """A streamed chat completion read on a thread of its own (while a test signals the
+    gateway, say): `join()` gives its text."""
+
+    def __init__(self, url: str, max_tokens: int = 50) -> None:
+        self._text = ""
+        self._thread = threading.Thread(target=self._read, args=(url, max_tokens))
+        self._thread.start()
+
+    def _read(self, url: str, max_tokens: int) -> None:
+        self._text = loopback.post(url + "/v1/chat/completions", timeout=30, json={
+            "model": "demo", "stream": True, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "hi"}]}).text
+
+    def join(self, timeout_s: float = 30) -> str:
+        self._thread.join(timeout_s)
+        return self._text

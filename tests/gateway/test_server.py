@@ -26,7 +26,13 @@ from gateway.server import _DrainingServer
 from gateway.settings import GatewaySettings
 from tests import loopback
 from tests.cli import run_main
-from tests.gateway.conftest import UpstreamFactory, gateway_process, run_gateway, url_of
+from tests.gateway.conftest import (
+    BackgroundStream,
+    UpstreamFactory,
+    gateway_process,
+    run_gateway,
+    url_of,
+)
 from tests.ports import free_port
 
 # `python -m gateway`'s main() in this process (tests/gateway/test_cli.py runs the command itself).
@@ -59,20 +65,10 @@ def test_bad_keys_file_is_one_line_and_a_nonzero_exit(tmp_path: Path,
 def test_sigterm_lets_the_inflight_stream_finish_then_exits(upstreams: UpstreamFactory) -> None:
     up = upstreams(token_delay_s=0.02)
     with gateway_process(up, "--drain-timeout-s", "10") as (gw, url):
-        result: dict[str, str] = {}
-
-        def stream() -> None:
-            r = loopback.post(url + "/v1/chat/completions", timeout=30, json={
-                "model": "demo", "stream": True, "max_tokens": 50,
-                "messages": [{"role": "user", "content": "hi"}]})
-            result["text"] = r.text
-
-        t = threading.Thread(target=stream)
-        t.start()
+        stream = BackgroundStream(url)
         time.sleep(0.3)  # the stream is flowing (50 tokens x 20 ms)
         os.kill(gw.pid, signal.SIGTERM)
-        t.join(30)
-        assert result["text"].rstrip().endswith("data: [DONE]")
+        assert stream.join().rstrip().endswith("data: [DONE]")
         # uvicorn re-raises the signal once it has shut down gracefully: the exit status says
         # "terminated by SIGTERM", as Kubernetes expects, but only after the drain.
         assert gw.wait(15) in (0, -signal.SIGTERM)

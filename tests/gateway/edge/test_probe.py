@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from bench.fake_upstream import Behaviour, start_in_thread
 from gateway.settings import EdgeSettings, GatewaySettings
 from tests import loopback
+from tests.gateway.conftest import BackgroundStream
 from tests.gateway.edge.conftest import Gateway, edge_gateway, json_error, until_closed
 from tests.ports import free_port
 
@@ -47,15 +47,7 @@ def test_the_probe_port_answers_through_the_drain() -> None:
     with start_in_thread(Behaviour(token_delay_s=0.05)) as up, edge_gateway(
         up, "--drain-timeout-s", "10",
     ) as gw:
-        done: dict[str, str] = {}
-
-        def stream() -> None:
-            done["text"] = loopback.post(gw.url + "/v1/chat/completions", timeout=30, json={
-                "model": "demo", "stream": True, "max_tokens": 40,
-                "messages": [{"role": "user", "content": "hi"}]}).text
-
-        t = threading.Thread(target=stream)
-        t.start()
+        stream = BackgroundStream(gw.url, max_tokens=40)
         time.sleep(0.3)
         os.kill(gw.pid, signal.SIGTERM)
         time.sleep(0.3)
@@ -63,8 +55,7 @@ def test_the_probe_port_answers_through_the_drain() -> None:
         assert ready.status_code == 503
         assert ready.json()["error"]["message"] == "gateway is draining"
         assert loopback.get(gw.probe_url + "/health").status_code == 200
-        t.join(30)
-        assert done["text"].rstrip().endswith("data: [DONE]")
+        assert stream.join().rstrip().endswith("data: [DONE]")
         assert gw.proc.wait(15) in (0, -signal.SIGTERM)
 
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 import time
 
 import orjson
 import pytest
 
-from tests import loopback
-from tests.gateway.conftest import UpstreamFactory, gateway_process, run_gateway, url_of
+from tests.gateway.conftest import (
+    BackgroundStream,
+    UpstreamFactory,
+    gateway_process,
+    run_gateway,
+    url_of,
+)
 from tests.gateway.edge.conftest import ended_log, json_error, until_closed
 
 _KEEP_ALIVE_S = 0.6
@@ -148,16 +152,7 @@ def test_upgrade_requests_are_plain_http_logged_once_and_do_not_break_the_drain(
                     if status != 200:
                         assert set(orjson.loads(body)["error"]) == {"message", "type", "param",
                                                                     "code"}
-        result: dict[str, str] = {}
-
-        def stream() -> None:
-            r = loopback.post(url + "/v1/chat/completions", timeout=30, json={
-                "model": "demo", "stream": True, "max_tokens": 50,
-                "messages": [{"role": "user", "content": "hi"}]})
-            result["text"] = r.text
-
-        t = threading.Thread(target=stream)
-        t.start()
+        stream = BackgroundStream(url)
         # A POST with a WebSocket upgrade, refused (test below), its connection left open.
         post = socket.create_connection(("127.0.0.1", port), timeout=10)
         post.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
@@ -168,9 +163,9 @@ def test_upgrade_requests_are_plain_http_logged_once_and_do_not_break_the_drain(
         assert "message" in orjson.loads(body)["error"]
         time.sleep(0.3)  # the stream is flowing (50 tokens x 20 ms)
         os.kill(gw.pid, signal.SIGTERM)
-        t.join(30)
+        text = stream.join()
         post.close()
-        assert result["text"].rstrip().endswith("data: [DONE]")
+        assert text.rstrip().endswith("data: [DONE]")
         log = ended_log(gw)
         # 40 upgrade requests and a POST: one line, not one per request.
         assert sum("answered as plain http" in line.lower() for line in log.splitlines()) == 1, log
