@@ -138,10 +138,13 @@ def plan(spec: ModelSpec, gpu: Gpu, gpus_per_node: int, nodes: int, *, dtype: st
             per_token = spec.kv_bytes_per_token(dtype, tp, pp)
             kv_tokens = max(0, int(kv_budget // per_token)) if kv_budget > 0 else 0
             max_seqs = kv_tokens // max_model_len
-            if not problems and kv_cache_gb is None and used > budget:
+            # A fixed KV cache (vLLM-CPU's) takes its room beside the weights.
+            fixed_kv = kv_budget if kv_cache_gb is not None else 0
+            if not problems and used + fixed_kv > budget:
+                kv_note = f", +{kv_cache_gb:g} GiB KV cache" if kv_cache_gb is not None else ""
                 problems.append(
                     f"weights need {per_gpu / GB:.1f} GB per GPU (+{RUNTIME_OVERHEAD_GB:.0f} GB "
-                    f"runtime) > {gpu.mem_gb:.1f} GB x {utilization:g}"
+                    f"runtime{kv_note}) > {gpu.mem_gb:.1f} GB x {utilization:g}"
                 )
             if not problems and max_seqs < 1:
                 problems.append(
@@ -374,6 +377,10 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     gpu = _gpu(args, parser)
+    if args.helm_values and args.kv_cache_gib is not None:
+        parser.error("--kv-cache-gib sizes vLLM-CPU's fixed KV cache, but --helm-values prints a "
+                     "GPU pool, whose KV cache is what --gpu-memory-utilization leaves: plan it "
+                     "without --kv-cache-gib")
     for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--nodes", args.nodes),
                         ("--max-model-len", args.max_model_len), ("--tp", args.tp),
                         ("--pp", args.pp)):

@@ -183,6 +183,18 @@ def test_divisibility_rules() -> None:
     assert llama[(3, 1)].reason.startswith("TP=3 does not divide 64 attention heads")
 
 
+def test_a_fixed_kv_cache_still_needs_room_beside_the_weights() -> None:
+    """--kv-cache-gib fixes the KV cache's size; the weights, the runtime and that cache must
+    still fit the memory, or the engine cannot start."""
+    one_gpu = layouts(QWEN, per_node=1, kv_cache_gb=3.0, max_model_len=4096)[(1, 1)]
+    assert not one_gpu.fits
+    assert one_gpu.reason.startswith("weights need 145.4 GB per GPU (+2 GB runtime, +3 GiB KV")
+    # 72 GB of weights, 2 GB of runtime and 8 GiB of KV cache overflow 85.9 GB x 0.9.
+    pair = layouts(QWEN, per_node=2, kv_cache_gb=8.0, max_model_len=4096)
+    assert not pair[(2, 1)].fits and pair[(2, 1)].reason.startswith("weights need 72.7 GB")
+    assert layouts(QWEN, per_node=2, kv_cache_gb=2.0, max_model_len=4096)[(2, 1)].fits
+
+
 def test_training_example_doctest() -> None:
     assert doctest.testmod(worker.layout).failed == 0
 
@@ -312,6 +324,9 @@ def test_helm_values_validate_against_the_chart_schema() -> None:
          "--max-model-len 40000 exceeds the model's maximum 32768 (max_position_embeddings"),
         ([str(QWEN), "--gpu", "H100", "--dtype", "int4", "--helm-values"],
          "--dtype int4 sizes a checkpoint quantised ahead of time"),
+        # A GPU pool's KV cache is what gpuMemoryUtilization leaves, not a fixed size.
+        ([str(QWEN), "--gpu", "H100", "--kv-cache-gib", "4", "--helm-values"],
+         "--kv-cache-gib sizes vLLM-CPU's fixed KV cache"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
