@@ -281,6 +281,11 @@ def _positive(text: str) -> float:
     return value
 
 
+def _dtype(text: str) -> str | None:
+    """--dtype: "auto", the worker's and the chart's default, is the checkpoint's (None)."""
+    return None if text == "auto" else text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -295,9 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="its dense bf16 TFLOP/s (default: no compute bound)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs in one node (default 8)")
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    p.add_argument("--dtype", default=None,
+    p.add_argument("--dtype", default=None, type=_dtype,
                    help="weights and KV dtype (bfloat16, float16, float32, fp8, int8, int4); "
-                        "default: the checkpoint's")
+                        "default (auto, as for the worker and the chart): the checkpoint's")
     p.add_argument("--max-model-len", type=int, default=None,
                    help=f"context length each sequence may reach (default {DEFAULT_MAX_MODEL_LEN}, "
                         "or the model's own maximum when smaller)")

@@ -294,6 +294,16 @@ def test_helm_values_quantise_on_the_fly_for_fp8() -> None:
     assert "dtype" not in pool
 
 
+def test_dtype_auto_is_the_checkpoints_as_for_the_worker_and_the_chart() -> None:
+    """"auto", the worker's and the chart's default dtype, means the checkpoint's here too."""
+    args = [str(QWEN), "--gpu", "H100", "--gpus-per-node", "2", "--json"]
+    auto = run_plan(*args, "--dtype", "auto")
+    assert auto.returncode == 0, auto.stderr
+    assert json.loads(auto.stdout) == json.loads(run_plan(*args).stdout)
+    pool = helm_pool_of(str(QWEN), "--gpu", "H100", "--gpus-per-node", "2", "--dtype", "auto")
+    assert "dtype" not in pool  # the chart's default, auto
+
+
 def test_helm_values_validate_against_the_chart_schema() -> None:
     done = run_plan(str(QWEN), "--gpu", "A100-80GB", "--gpus-per-node", "4", "--nodes", "2",
                     "--goal", "fewest-gpus", "--helm-values")
