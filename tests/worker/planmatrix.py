@@ -95,8 +95,3 @@ def worker_accepts(path: Path, pool: dict[str, Any]) -> None:
         )
         worker_preflight(path, settings, pod_gpus(tp, pp, nodes))
 
-
-MODELS = ("dense GQA", "dense GQA, small", "odd heads", "MoE, Mixtral",
-          "MoE, Qwen3 in a revision directory", "MoE and latent attention, FP8",
-          "revision directory", "long name", "digit first, dots and underscores",
-          "multi-head, no KV-head key", "multimodal text_config")
