@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from math import ceil
 from time import monotonic
 from typing import Any
 
@@ -53,8 +54,9 @@ class GatewayError(Exception):
     def headers(self) -> list[tuple[bytes, bytes]]:
         h = list(JSON_HEADERS)
         if self.retry_after is not None:
-            # Retry-After is whole seconds; never advertise 0, which invites a hot retry loop.
-            h.append((b"retry-after", str(max(1, round(self.retry_after))).encode()))
+            # Retry-After is whole seconds, rounded up: a client that waits exactly that long
+            # must find the limit open again. Never 0, which invites a hot retry loop.
+            h.append((b"retry-after", str(max(1, ceil(self.retry_after))).encode()))
         return h
 
 

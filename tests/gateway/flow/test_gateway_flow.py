@@ -76,6 +76,27 @@ def test_tpm_counts_streamed_usage(upstreams: UpstreamFactory, tmp_path: Path) -
         assert gw.metric('llmserve_tenant_tokens_total{kind="input",tenant="small"}') == 5
 
 
+def test_waiting_the_retry_after_of_a_429_succeeds(upstreams: UpstreamFactory,
+                                                   tmp_path: Path) -> None:
+    """Retry-After is whole seconds, rounded up: 1.3 s of wait must not be advertised as 1."""
+    up = upstreams()
+    with run_gateway(backends=[url_of(up)], api_keys_file=keys(tmp_path, rpm=30)) as gw, \
+            loopback.client(base_url=gw.url) as c:
+        while (r := c.post("/v1/completions", json=BODY,
+                           headers=auth("sk-small"))).status_code == 200:
+            pass
+        assert_openai_error(r, 429, "rate_limit_exceeded")
+        # The message holds the exact wait (a request comes back every 2 s): sleep until
+        # 1.3 s of it remain, a wait whose whole seconds round down.
+        exact = float(r.json()["error"]["message"].rsplit(" ", 1)[1].rstrip("s"))
+        time.sleep(max(0.0, exact - 1.3))
+        r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
+        assert_openai_error(r, 429, "rate_limit_exceeded")
+        time.sleep(int(r.headers["retry-after"]))
+        r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
+        assert r.status_code == 200, (r.text, r.headers.get("retry-after"))
+
+
 async def test_overload_is_503_fast_and_admitted_ones_succeed(upstreams: UpstreamFactory) -> None:
     # Each stream takes ~0.4 s; the limit is 2 and at most 2 may wait: of 20 at once, 4 or so
     # are served and the rest are refused at once (a loaded machine spreads the 20 arrivals out,
