@@ -116,6 +116,11 @@ async def relay_stream(
             count_usage(m, req.model, tenant, counts)
         elif complete:  # a cut stream may just not have reached its usage yet
             series.usage_invalid.inc()
+        elif tenant is not None:
+            # Cut before its usage (the client hung up, the replica broke): the key is charged
+            # one token per event it was sent, else a client that hangs up just before the end
+            # would stream for free past its tokens-per-minute limit.
+            tenant.used(0, len(splice.gaps))
     if not complete:
         return  # ended in-band above; the upstream connection is closed
     # Read the chunked-encoding terminator so the connection goes back to the pool.

@@ -97,6 +97,33 @@ def test_waiting_the_retry_after_of_a_429_succeeds(upstreams: UpstreamFactory,
         assert r.status_code == 200, (r.text, r.headers.get("retry-after"))
 
 
+def test_a_stream_cut_by_its_client_is_charged_what_it_was_sent(
+    upstreams: UpstreamFactory, tmp_path: Path
+) -> None:
+    """A client hanging up before the usage event must not stream past its TPM for free."""
+    up = upstreams(token_delay_s=0.002)
+    with run_gateway(backends=[url_of(up)], api_keys_file=keys(tmp_path, tpm=100)) as gw, \
+            loopback.client(base_url=gw.url, timeout=10) as c:
+        stream = {**BODY, "stream": True, "max_tokens": 400}
+        with c.stream("POST", "/v1/completions", json=stream,
+                      headers=auth("sk-small")) as r:
+            assert r.status_code == 200
+            events = 0
+            for line in r.iter_lines():
+                events += line.startswith("data:")
+                if events == 150:
+                    break  # hang up mid-stream, long before the usage event
+        deadline = time.monotonic() + 5
+        metric = 'llmserve_tenant_tokens_total{kind="output",tenant="small"}'
+        while gw.metric(metric) == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # At least what the client read; at most what the replica had sent by the hang-up.
+        assert 150 <= gw.metric(metric) < 400
+        r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
+        assert_openai_error(r, 429, "rate_limit_exceeded")
+        assert int(r.headers["retry-after"]) >= 30  # 50+ tokens in debt at 100/min
+
+
 async def test_overload_is_503_fast_and_admitted_ones_succeed(upstreams: UpstreamFactory) -> None:
     # Each stream takes ~0.4 s; the limit is 2 and at most 2 may wait: of 20 at once, 4 or so
     # are served and the rest are refused at once (a loaded machine spreads the 20 arrivals out,
