@@ -71,6 +71,10 @@ class ApiKey:
         return f"ApiKey(tenant={self.tenant!r})"
 
 
+# What the keys of one tenant share (tenants.py): one value per tenant.
+_SHARED = ("rpm", "tpm", "priority", "max_priority", "weight")
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -78,12 +82,22 @@ def hash_key(key: str) -> str:
 class KeyStore:
     def __init__(self, keys: list[ApiKey]) -> None:
         self._by_digest: dict[bytes, ApiKey] = {}
+        # A tenant's keys (say an old and a new one while rotating) share its buckets and its
+        # queue share, built from whichever key comes first: they must agree on all of them.
+        first: dict[str, ApiKey] = {}
         for k in keys:
             if k.digest in self._by_digest:
                 raise KeyFileError(
                     f"GATEWAY_API_KEYS_FILE: tenants {self._by_digest[k.digest].tenant!r} and "
                     f"{k.tenant!r} list the same key hash")
             self._by_digest[k.digest] = k
+            other = first.setdefault(k.tenant, k)
+            differ = [f for f in _SHARED if getattr(k, f) != getattr(other, f)]
+            if differ:
+                raise KeyFileError(
+                    f"GATEWAY_API_KEYS_FILE: the keys of tenant {k.tenant!r} differ in "
+                    f"{', '.join(differ)}; a tenant's keys share its limits, so give them the "
+                    "same values")
 
     def lookup(self, presented: bytes) -> ApiKey | None:
         return self._by_digest.get(hashlib.sha256(presented).digest())

@@ -54,6 +54,18 @@ def test_duplicate_hash_and_missing_file(tmp_path: Path) -> None:
         load_keys(tmp_path / "nope.json")
 
 
+def test_keys_of_one_tenant_must_agree_on_its_limits(tmp_path: Path) -> None:
+    """A tenant's keys share its buckets: differing limits would depend on which key came first."""
+    one, two = hash_key("sk-1"), hash_key("sk-2")
+    same = load_keys(write(tmp_path, [{"tenant": "acme", "sha256": one, "rpm": 2},
+                                      {"tenant": "acme", "sha256": two, "rpm": 2}]))
+    assert {k.tenant for k in same.tenants()} == {"acme"}
+    with pytest.raises(KeyFileError, match="tenant 'acme' differ in rpm, weight"):
+        load_keys(write(tmp_path, [{"tenant": "acme", "sha256": one, "rpm": 2},
+                                   {"tenant": "acme", "sha256": two, "rpm": 1000,
+                                    "weight": 2}]))
+
+
 def test_hash_cli() -> None:
     out = subprocess.run([sys.executable, "-m", "gateway.flow.keys"], input="sk-x\n",
                          capture_output=True, text=True, check=True).stdout.strip()
