@@ -114,8 +114,9 @@ class ProxyEndpoint:
         charged = False  # by the per-key limits: refunded if refused further on
         try:
             # Unknown models skip admission (404 or 503 later): made-up names must not create
-            # pools.
-            if flow is not None and d.router.knows_model(req.model):
+            # pools. An adapter is known by its base, even while its pool is at zero and no
+            # replica lists it.
+            if flow is not None and d.router.knows_model(name):
                 pool = flow.pool(name)
                 tenant = flow.tenants.for_key(scope.get("state", {}).get("api_key"))
                 await flow.check_limits(tenant, name)
@@ -123,7 +124,7 @@ class ProxyEndpoint:
             # A pool at zero replicas: wait for one (routing/wake.py) after the per-key limits,
             # before taking a slot, then go through the door like any request.
             if wake is not None and wake.asleep(name):
-                await wake.wait(name)
+                await wake.wait(name, req.model)
             if charged and not pool.try_acquire(tenant.name, tenant.weight):
                 await pool.acquire(tenant, tenant.priority_class(scope["headers"]))
         except GatewayError as exc:

@@ -41,36 +41,41 @@ class WakeGate:
     def waiting(self, model: str) -> int:
         return self._waiting.get(model, 0)
 
-    async def wait(self, model: str) -> None:
-        """Until `model` has a routable replica; raises `Unavailable` (503, Retry-After) when
-        its wake budget is spent first. Cancellation (client gone, drain) leaves quietly."""
-        budget = self._budgets[model]
+    async def wait(self, pool: str, model: str | None = None) -> None:
+        """Until `model` (by default `pool` itself; else a LoRA adapter of it) has a routable
+        replica; raises `Unavailable` (503, Retry-After) when `pool`'s wake budget is spent first.
+        An adapter is loaded on a replica that joins only after the replica's first probe
+        (routing/adapters.py): its requests wait for that too, not only for the base, or they
+        would meet a 404. Cancellation (client gone, drain) leaves quietly."""
+        target = model or pool
+        budget = self._budgets[pool]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
-        self._waiting[model] += 1
+        self._waiting[pool] += 1
         try:
             # A loop, not one wait: a replica that passed one probe may fail the next before
             # this request's turn comes.
-            while not self._router.routable(model):
-                woken = self._woken.get(model)
+            while not self._router.routable(target):
+                woken = self._woken.get(target)
                 if woken is None or woken.is_set():
-                    woken = self._woken[model] = asyncio.Event()
+                    woken = self._woken[target] = asyncio.Event()
                 try:
                     async with asyncio.timeout_at(deadline):
                         await woken.wait()
                 except TimeoutError:
-                    self._metrics.rejections.labels(model, "wake_timeout").inc()
+                    self._metrics.rejections.labels(pool, "wake_timeout").inc()
                     wait = min(budget, WAKE_RETRY_AFTER_S)
                     raise Unavailable(
-                        f"model '{model}' has no ready replica yet (its pool is scaling up from "
+                        f"model '{target}' has no ready replica yet (its pool is scaling up from "
                         f"zero); retry after {wait:.0f}s",
                         code="model_waking", retry_after=wait,
                     ) from None
         finally:
-            self._waiting[model] -= 1
+            self._waiting[pool] -= 1
 
     def _changed(self) -> None:
-        """The router's view changed: wake the waiters of every model that is routable now."""
+        """The router's view changed: wake the waiters of every model (or adapter) that is
+        routable now."""
         for model, woken in self._woken.items():
             if not woken.is_set() and self._router.routable(model):
                 woken.set()

@@ -149,11 +149,12 @@ class LoraReplica:
 
 @contextlib.contextmanager
 def serve(*replicas: LoraReplica) -> Iterator[tuple[LoraReplica, ...]]:
-    """Each replica on a free loopback port, in a thread of its own, until the block ends."""
+    """Each replica on its `port` (a free loopback port if 0), in a thread of its own, until the
+    block ends."""
     with contextlib.ExitStack() as stack:
         servers = []
         for r in replicas:
-            r.port = free_port()
+            r.port = r.port or free_port()
             servers.append(stack.enter_context(serve_in_thread(uvicorn.Config(
                 r.app(), host="127.0.0.1", port=r.port, log_level="error", lifespan="off"))))
             assert servers[-1].started, f"fake replica {r.name} did not start"

@@ -9,17 +9,22 @@ EndpointSlices or DNS would say); the replicas are fake upstreams, the gateway i
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
+from gateway.flow.keys import hash_key
 from gateway.routing import factory
 from gateway.settings import GatewaySettings, PoolLayout
 from tests import loopback
 from tests.autoscaler import pool_gauge
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.gateway.lora_upstream import LoraReplica, serve
 
 STREAM = {"model": "demo", "prompt": "hi", "max_tokens": 20, "stream": True}
 
@@ -133,3 +138,44 @@ def test_the_last_replica_of_a_pool_at_zero_leaving_makes_new_requests_wait(
         late.join(10)
         assert late_out[0] == "200" and "".join(late_out[1:]).endswith("data: [DONE]\n\n")
         assert a.aborted == 0
+
+
+def test_an_adapters_requests_at_zero_keep_the_per_key_limits(
+    discovery: list[PushedDiscovery], tmp_path: Path
+) -> None:
+    """Once the last replica has left discovery no replica lists the adapter, but it is still
+    known by its base: a key over its rate hears 429 at once, as for the base model (before: the
+    adapter's requests skipped the per-key limits and admission), and the one within its rate is
+    served by the next replica, which the gateway gives the adapter first."""
+    key, admin = "sk-at-zero", "admin-key-0123456789"
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"tenant": "t", "sha256": hash_key(key), "rpm": 2}]}))
+    auth = {"authorization": f"Bearer {key}"}
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    pools = [PoolLayout(name="p", model="demo", scale_to_zero=True, wake_budget_s=30)]
+    with serve(LoraReplica("r0", base="demo"), LoraReplica("r1", base="demo")) as (r0, r1):
+        discovery.append(PushedDiscovery(r0.url))
+        with run_gateway(backends=[], pools=pools, expect_ready=False, api_keys_file=keys,
+                         admin_key=admin, lora={"max_loras": {"demo": 2}}) as gw:
+            wait_for(lambda: up(gw.url, r0.url))
+            added = loopback.post(gw.url + "/admin/adapters", json={
+                "name": "chat", "base": "demo", "path": "/models/adapters/chat/v1"},
+                headers={"authorization": f"Bearer {admin}"})
+            assert added.status_code == 200, added.text
+            assert loopback.post(gw.url + "/v1/chat/completions", json=chat,
+                                 headers=auth).status_code == 200
+            discovery[0].put()  # scaled to zero
+            wait_for(lambda: pool_gauge(gw.url, "llmserve_pool_ready_replicas", "demo") == 0)
+            waiting: list[httpx.Response] = []
+            waiter = threading.Thread(target=lambda: waiting.append(loopback.post(
+                gw.url + "/v1/chat/completions", json=chat, headers=auth, timeout=30)))
+            waiter.start()
+            wait_for(lambda: pool_gauge(gw.url, "llmserve_pool_demand", "demo") == 1)
+            t0 = time.monotonic()
+            over = loopback.post(gw.url + "/v1/chat/completions", json=chat, headers=auth,
+                                 timeout=30)
+            assert over.status_code == 429 and time.monotonic() - t0 < 0.5, over.text
+            discovery[0].put(r1.url)  # a new replica, without the adapter
+            waiter.join(10)
+        assert waiting[0].status_code == 200, waiting[0].text
+        assert waiting[0].json()["choices"][0]["message"]["content"] == "chat@r1"

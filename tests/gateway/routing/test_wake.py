@@ -21,6 +21,7 @@ from gateway.settings import PoolLayout
 from tests import loopback
 from tests.autoscaler import Autoscaler, pool_gauge, sample_value
 from tests.gateway.conftest import RunningGateway, run_gateway
+from tests.gateway.lora_upstream import LoraReplica, serve
 from tests.ports import free_port
 
 MODEL = "demo"
@@ -174,3 +175,37 @@ async def test_per_key_limits_refuse_before_the_wait(tmp_path: Path) -> None:
             assert demand(gw) == 1
             up.enter_context(start_fake_upstream(port=port, model=MODEL, tokens=4))
             assert (await first)[0] == 200
+
+
+async def test_an_adapters_requests_wait_for_the_adapter_not_only_for_its_base() -> None:
+    """An adapter added at run time is loaded on a replica that joins after the replica's first
+    probe: the requests that woke the pool wait for that load (before: a 404 the moment the base
+    came up), and are admitted in the base's pool like any request (before: not at all)."""
+    key = "admin-key-0123456789"
+    auth = {"authorization": f"Bearer {key}"}
+    chat = {**STREAM, "model": "chat"}
+    with gateway_at_zero(30, admin_key=key, lora={"max_loras": {MODEL: 2}}) as (gw, port):
+        async with loopback.async_client(base_url=gw.url, timeout=30) as client:
+            with serve(LoraReplica("r0", base=MODEL, port=port)):
+                await asyncio.to_thread(wait_for, lambda: pool_gauge(
+                    gw.url, "llmserve_pool_ready_replicas", MODEL) == 1)
+                added = await client.post("/admin/adapters", headers=auth, json={
+                    "name": "chat", "base": MODEL, "path": "/models/adapters/chat/v1"})
+                assert added.status_code == 200, added.text
+            await asyncio.to_thread(wait_for, lambda: pool_gauge(
+                gw.url, "llmserve_pool_ready_replicas", MODEL) == 0)
+
+            async def ask(stream: bool) -> tuple[int, str]:
+                resp = await client.post("/v1/chat/completions", json={**chat, "stream": stream})
+                return resp.status_code, resp.text
+
+            tasks = [asyncio.create_task(ask(stream)) for stream in (True, False)]
+            await asyncio.to_thread(wait_for, lambda: demand(gw) == 2)
+            # A new replica without the adapter: the gateway loads it there, then routes.
+            with serve(LoraReplica("r1", base=MODEL, port=port)) as (r1,):
+                results = await asyncio.gather(*tasks)
+        assert [status for status, _ in results] == [200, 200], results
+        assert all("chat@r1" in text for _, text in results)
+        assert r1.loads == ["chat"]
+        assert gw.metric(f'llmserve_queue_time_seconds_count{{pool="{MODEL}"}}') == 2
+        assert demand(gw) == 0
