@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import helm_python
 import pytest
 
-from gateway.flow.keys import load_keys
+from gateway.flow.keys import KeyFileError, load_keys
 from tests.deploy.conftest import DEMO_API_KEY
 from tests.deploy.manifests import (
     NAMESPACE,
@@ -502,3 +503,37 @@ def test_workers_accept_traffic_only_from_gateway_pool_and_scrapers(release: Rel
         if pod.role == "fetch":
             (policy,) = _policies_for(pod, release)
             assert "ingress" not in policy["spec"]  # nothing may connect to the puller
+
+
+_ACME_1, _ACME_2 = "1" * 64, "2" * 64
+
+
+@pytest.mark.parametrize(("first", "second", "agree"), [
+    ({"rpm": 600, "tpm": 200000}, {"rpm": 600, "tpm": 200000}, True),  # a key rotation
+    ({"rpm": 600}, {"rpm": 600.0, "weight": 1}, True),  # the same values, spelled otherwise
+    ({"rpm": 600}, {"rpm": 1000}, False),
+    ({"rpm": 600}, {}, False),  # unset is unlimited, not "as the other key"
+    ({}, {"weight": 2}, False),  # the weight defaults to 1
+    ({"priority": "low"}, {"priority": "high"}, False),
+    ({"max_priority": "high"}, {}, False),
+])
+def test_the_chart_refuses_the_tenant_limits_the_gateway_refuses(
+        first: dict[str, Any], second: dict[str, Any], agree: bool, tmp_path: Path) -> None:
+    """A tenant's keys share its limits (gateway/flow/keys.py): a keys list the gateway would
+    refuse at start-up (a CrashLoop) fails the render instead, and one it loads renders."""
+    keys = [{"tenant": "acme", "sha256": _ACME_1, **first},
+            {"tenant": "acme", "sha256": _ACME_2, **second}]
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": keys}), encoding="utf-8")
+    try:
+        load_keys(path)
+        gateway_loads = True
+    except KeyFileError:
+        gateway_loads = False
+    assert gateway_loads is agree
+    values = {"gateway": {"apiKeys": {"enabled": True, "keys": keys}}}
+    if agree:
+        render(values)
+    else:
+        with pytest.raises(helm_python.HelmError, match='keys of tenant "acme" differ'):
+            render(values)
