@@ -163,3 +163,11 @@ class BackgroundStream:
     def join(self, timeout_s: float = 30) -> str:
         self._thread.join(timeout_s)
         return self._text
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll `predicate` until it holds; fail the test if it does not within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -14,19 +14,12 @@ import pytest
 
 from gateway.flow.keys import hash_key
 from tests import loopback
-from tests.gateway.conftest import RunningGateway, run_gateway
+from tests.gateway.conftest import RunningGateway, run_gateway, wait_for
 from tests.gateway.lora_upstream import LoraReplica, serve
 
 KEY = "admin-key-0123456789"
 BASE = "base-model"
 AUTH = {"authorization": f"Bearer {KEY}"}
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 @pytest.fixture

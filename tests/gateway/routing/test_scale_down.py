@@ -23,7 +23,7 @@ from gateway.routing import factory
 from gateway.settings import GatewaySettings, PoolLayout
 from tests import loopback
 from tests.autoscaler import pool_gauge
-from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, wait_for
 from tests.gateway.lora_upstream import LoraReplica, serve
 
 STREAM = {"model": "demo", "prompt": "hi", "max_tokens": 20, "stream": True}
@@ -62,14 +62,6 @@ def discovery(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[PushedDiscovery]
 
     monkeypatch.setattr(factory, "build_discovery", build)
     yield made
-
-
-def wait_for(predicate: object, timeout_s: float = 5.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def up(gw_url: str, backend: str) -> bool:

@@ -20,7 +20,7 @@ from gateway.flow.keys import hash_key
 from gateway.settings import PoolLayout
 from tests import loopback
 from tests.autoscaler import Autoscaler, pool_gauge, sample_value
-from tests.gateway.conftest import RunningGateway, run_gateway
+from tests.gateway.conftest import RunningGateway, run_gateway, wait_for
 from tests.gateway.lora_upstream import LoraReplica, serve
 from tests.ports import free_port
 
@@ -52,13 +52,6 @@ async def stream(client: httpx.AsyncClient, headers: dict[str, str] | None = Non
     async with client.stream("POST", "/v1/chat/completions", json=STREAM,
                              headers=headers) as resp:
         return resp.status_code, (await resp.aread()).decode(), resp.headers
-
-
-def wait_for(predicate: Any, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 async def test_requests_wait_counted_in_the_signal_and_are_served_when_a_replica_comes() -> None:
