@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Send
@@ -226,10 +227,21 @@ def install_handlers(app: FastAPI) -> None:
         extra = {k: v for k, v in (exc.headers or {}).items() if k.lower() != "content-type"}
         return _json(mapped, extra)
 
+    async def on_invalid(_: Request, exc: Exception) -> Response:
+        # FastAPI's own answer is a 422 {"detail": [...]}: a typed path, query or body parameter
+        # that does not validate is OpenAI's 400 naming it, as the proxy's own checks answer.
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(part) for part in first.get("loc", ()) if part not in ("path", "query", "body")]
+        param = ".".join(loc) or None
+        return _json(InvalidRequest(f"{param or 'request'}: {first.get('msg', 'invalid')}",
+                                    param=param))
+
     async def on_unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error")
         return _json(GatewayError("internal error"))
 
     app.add_exception_handler(GatewayError, on_gateway_error)
     app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(RequestValidationError, on_invalid)
     app.add_exception_handler(Exception, on_unexpected)

@@ -5,8 +5,15 @@ import time
 
 import orjson
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
-from gateway.errors import RateLimitedLog, Unavailable, normalize_upstream_error
+from gateway.errors import (
+    RateLimitedLog,
+    Unavailable,
+    install_handlers,
+    normalize_upstream_error,
+)
 from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 
@@ -95,3 +102,23 @@ def test_an_upstream_body_that_is_no_error_object_goes_to_the_log_not_the_client
     assert err["message"] == "upstream returned HTTP 502"
     assert len(caplog.records) == 1 and warnings.suppressed == 2
     assert "r-1" in caplog.records[0].getMessage() and "10.0.0.7" in caplog.records[0].getMessage()
+
+
+def test_a_typed_parameter_that_does_not_validate_is_openais_400_naming_it() -> None:
+    """FastAPI answers such a request with its own 422 {"detail": ...}; every route of the
+    gateway's app answers in OpenAI's shape instead, whatever parameters a route comes to take."""
+    app = FastAPI()
+    install_handlers(app)
+
+    @app.get("/items/{n}")
+    def item(n: int, limit: int = 10) -> dict[str, int]:
+        return {"n": n, "limit": limit}
+
+    client = TestClient(app)
+    assert client.get("/items/3?limit=2").json() == {"n": 3, "limit": 2}
+    for url, param in (("/items/x", "n"), ("/items/3?limit=many", "limit")):
+        r = client.get(url)
+        assert r.status_code == 400, r.text
+        err = shape(r.content)
+        assert err["type"] == "invalid_request_error" and err["param"] == param
+        assert str(err["message"]).startswith(f"{param}: ")
