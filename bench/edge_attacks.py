@@ -70,22 +70,23 @@ def _chunked_head(path: bytes = b"/v1/chat/completions") -> bytes:
             b"transfer-encoding: chunked\r\n\r\n")
 
 
-def huge_trailer(total: int) -> Iterator[bytes]:
-    """A chunked body of `{}` whose trailer section holds one `total`-byte value."""
-    yield _chunked_head() + b"2\r\n{}\r\n0\r\nx-big: "
+def _chunked_padded(before: bytes, after: bytes, total: int) -> Iterator[bytes]:
+    """A chunked request whose body framing holds `total` bytes between `before` and `after`."""
+    yield _chunked_head() + before
     piece = b"a" * MiB
     for _ in range(total // MiB):
         yield piece
-    yield b"\r\n\r\n"
+    yield after
+
+
+def huge_trailer(total: int) -> Iterator[bytes]:
+    """A chunked body of `{}` whose trailer section holds one `total`-byte value."""
+    return _chunked_padded(b"2\r\n{}\r\n0\r\nx-big: ", b"\r\n\r\n", total)
 
 
 def huge_chunk_extension(total: int) -> Iterator[bytes]:
     """A chunked body of `{}` whose one chunk has a `total`-byte extension."""
-    yield _chunked_head() + b"2;x="
-    piece = b"a" * MiB
-    for _ in range(total // MiB):
-        yield piece
-    yield b"\r\n{}\r\n0\r\n\r\n"
+    return _chunked_padded(b"2;x=", b"\r\n{}\r\n0\r\n\r\n", total)
 
 
 BOMBS = {
