@@ -29,7 +29,12 @@ from gateway.routing.adapters import Adapters
 from gateway.routing.factory import build_router
 from gateway.routing.residency import Residency
 from gateway.routing.wake import WakeGate
-from gateway.settings import GatewaySettings, layouts_by_model, wake_budgets
+from gateway.settings import (
+    GatewaySettings,
+    declared_adapters,
+    layouts_by_model,
+    wake_budgets,
+)
 from gateway.transport.h1 import H1Transport
 from gateway.transport.prober import HttpProber
 
@@ -73,7 +78,7 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     transport = H1Transport(settings.timeouts)
     # LoRA adapters: what replicas list reaches the registry (through the prober) before the
     # router builds a pool for an adapter, which then routes by residency (docs/lora.md).
-    adapters = Adapters(transport, settings.lora)
+    adapters = Adapters(transport, settings.lora, declared=declared_adapters(settings.pools))
     residency = Residency(adapters, settings.lora) if settings.lora.residency else None
     # Probes share the connect deadline: a replica that slow to accept is not one to route to.
     prober = HttpProber(transport, max(settings.timeouts.connect_s, 1.0),

@@ -14,6 +14,12 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from model_store.adapter import ADAPTER_NAME
+
+# A request's longest wait for a pool at zero, unless its pool says otherwise; and the cap.
+DEFAULT_WAKE_BUDGET_S = 300.0
+WAKE_BUDGET_MAX_S = 3600
+
 # The routing policies by name, checked at start-up; gateway/routing/factory.py builds them.
 PolicyName = Literal["prefix_affinity", "least_outstanding", "round_robin"]
 
@@ -160,9 +166,21 @@ class PoolLayout(BaseModel):
         False, description="the pool may have no replica: its model stays listed and requests "
                            "wait up to wake_budget_s for one (not a fast 503)")
     wake_budget_s: float = Field(
-        300.0, gt=0, le=3600,
+        DEFAULT_WAKE_BUDGET_S, gt=0, le=WAKE_BUDGET_MAX_S,
         description="longest a request waits for a replica of a scale_to_zero pool; then 503 "
                     "with Retry-After")
+    adapters: list[Annotated[str, Field(pattern=ADAPTER_NAME)]] = Field(
+        default=[],
+        description="LoRA adapters every replica of the pool loads at start: known (and waited "
+                    "for at zero) before any replica lists them")
+
+    @model_validator(mode="after")
+    def _budget_needs_zero(self) -> PoolLayout:
+        if "wake_budget_s" in self.model_fields_set and not self.scale_to_zero:
+            raise ValueError(
+                f"GATEWAY_POOLS: pool {self.name!r} sets wake_budget_s without scale_to_zero "
+                "(only a pool that may have no replica makes requests wait)")
+        return self
 
 
 class AffinitySettings(BaseModel):
@@ -188,6 +206,11 @@ class AffinitySettings(BaseModel):
         100_000, ge=1, description="learned prefixes kept (LRU); caps the policy's memory")
     session_header: str = Field(
         "x-session-id", min_length=1, description="request header carrying an explicit session key")
+
+
+def declared_adapters(pools: list[PoolLayout]) -> dict[str, str]:
+    """Each adapter the pools declare, with the model (its base) of its pool."""
+    return {a: p.model for p in pools for a in p.adapters}
 
 
 def wake_budgets(pools: list[PoolLayout]) -> dict[str, float]:
@@ -385,4 +408,18 @@ class GatewaySettings(BaseSettings):
             raise ValueError("set GATEWAY_ADMIN_KEY or GATEWAY_ADMIN_KEY_SHA256, not both")
         if self.edge.probe_port == self.port:
             raise ValueError("GATEWAY_EDGE__PROBE_PORT must differ from GATEWAY_PORT")
+        names = [p.name for p in self.pools]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"GATEWAY_POOLS: pool name(s) {twice} declared twice")
+        models = {p.model for p in self.pools}
+        adapters = [a for p in self.pools for a in p.adapters]
+        clash = sorted(set(adapters) & models)
+        if clash:
+            raise ValueError(
+                f"GATEWAY_POOLS: adapter(s) {clash} named like a pool's model (a request for "
+                "that name could mean either)")
+        again = sorted({a for a in adapters if adapters.count(a) > 1})
+        if again:
+            raise ValueError(f"GATEWAY_POOLS: adapter(s) {again} declared by two pools")
         return self

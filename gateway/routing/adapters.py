@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -55,14 +55,19 @@ class Adapters:
     """The adapter set per base, what each replica lists, and the reconcile loop."""
 
     def __init__(self, transport: Transport, settings: LoraSettings,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 declared: Mapping[str, str] | None = None) -> None:
         self._transport = transport
+        # adapter -> base, as the pools declare them (GATEWAY_POOLS): their workers load them at
+        # start, so a gateway that has seen no replica yet (a pool at zero) knows them, and their
+        # requests wait for the pool rather than meet a 404.
+        self._declared = dict(declared or {})
         self._settings = settings
         self._clock = clock
         self._router: Router | None = None
         self._adapters: dict[str, Adapter] = {}
-        # Hot path (`parent_of`): adapter -> base, for every adapter seen or added.
-        self._parents: dict[str, str] = {}
+        # Hot path (`parent_of`): adapter -> base, for every adapter declared, seen or added.
+        self._parents: dict[str, str] = dict(self._declared)
         self._counts: dict[str, int] = {}  # base -> adapters in the set
         # url -> the adapters it has: its last listing, with our loads and unloads since
         self._has: dict[str, set[str]] = {}
@@ -140,8 +145,8 @@ class Adapters:
         """Unload `name` from every available replica that lists it, and drop it from the set."""
         async with self._lock:
             adapter = self._adapters.pop(name, None)
-            self._recount()
             self._removed.add(name)
+            self._recount()
             targets = [b for b in self._available() if name in self._present(b.url)]
             results = await asyncio.gather(*(self._unload(b, name) for b in targets))
             for b in self._router.backends() if self._router is not None else []:
@@ -211,8 +216,9 @@ class Adapters:
 
     def _recount(self) -> None:
         """Follow a change of the set in the hot path's maps."""
-        self._parents = {a.name: a.base for a in self._adapters.values()}
-        self._counts = Counter(self._parents.values())
+        self._parents = {**{n: b for n, b in self._declared.items() if n not in self._removed},
+                         **{a.name: a.base for a in self._adapters.values()}}
+        self._counts = Counter(a.base for a in self._adapters.values())
 
     def _prune(self) -> None:
         """Forget replicas that left."""

@@ -60,4 +60,6 @@ def build_router(settings: GatewaySettings, prober: HttpProber,
         retry_budget=RetryBudget(settings.retry_budget, settings.retry_budget_min),
         max_ejection_percent=settings.max_ejection_percent,
         # Known without a replica: their pools may be at zero (gateway/routing/wake.py).
-        standby=wake_budgets(settings.pools))
+        standby=wake_budgets(settings.pools),
+        # Known before their first replica: 503, not 404 (a pool still starting, or parked).
+        declared=[p.model for p in settings.pools])

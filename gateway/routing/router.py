@@ -13,6 +13,8 @@ A passing probe does not cut an ejection short: the failures were real requests 
 
 Models that may scale to zero (`standby`) are known without a backend: listed, not a 404, and
 the gateway is ready with none up, to take the requests that wake the pool (routing/wake.py).
+Every other declared pool's model (`declared`) is known too: before its first replica it answers
+503 with Retry-After, not 404, and has its scaling signal at 0, but is not listed.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Router:
         retry_budget: RetryBudget | None = None,
         max_ejection_percent: int = 50,
         standby: Collection[str] = (),
+        declared: Collection[str] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._discovery = discovery
@@ -71,6 +74,8 @@ class Router:
         self.panics: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._standby = frozenset(standby)
+        # Standby models are declared too.
+        self._declared = self._standby | frozenset(declared)
         self._listeners: list[Callable[[], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -191,22 +196,23 @@ class Router:
 
     def replicas(self) -> dict[str, int]:
         """Available backends per model (a multi-node replica counts once: only its leader is a
-        backend); a model that may scale to zero is there with 0 when it has none."""
+        backend); a declared model is there with 0 when it has none."""
         now = self._clock()
-        out = dict.fromkeys(self._standby, 0)
+        out = dict.fromkeys(self._declared, 0)
         out.update((m, sum(1 for b in pool if b.available(now)))
                    for m, (pool, _, _) in self._pools.items())
         return out
 
     def knows_model(self, model: str) -> bool:
         """Served by some known backend, up or down (it keeps the models of its last passed
-        probe), or declared scalable to zero: tells 503 or a wait from 404 (no such model)."""
-        return model in self._pools or model in self._standby
+        probe), or declared (a pool of the chart): tells 503 or a wait from 404 (no such
+        model)."""
+        return model in self._pools or model in self._declared
 
     def knows_any_model(self) -> bool:
         """False until some backend has told us its models (or a model was declared): before
         that, 404 would be a guess."""
-        return bool(self._pools) or bool(self._standby)
+        return bool(self._pools) or bool(self._declared)
 
     def routable(self, model: str) -> bool:
         """Some backend of `model` passed its probe: `pick` finds one (available, or in panic

@@ -62,6 +62,14 @@ def test_backends_flag_forms(argv: list[str]) -> None:
     ([], {"GATEWAY_FLOW": "{bad"}, "GATEWAY_FLOW='{bad' is not valid JSON"),
     ([], {"GATEWAY_POOLS": "tp"}, ('GATEWAY_POOLS=\'tp\' is not valid JSON (Expecting value: '
                                   'line 1 column 1 (char 0)); give JSON like [{"name": "tp"')),
+    # Values the gateway would otherwise accept and ignore (issue 37, item 7).
+    ([], {"GATEWAY_POOLS": '[{"name": "p", "model": "m", "wake_budget_s": 60}]'},
+     "pool 'p' sets wake_budget_s without scale_to_zero"),
+    ([], {"GATEWAY_POOLS": '[{"name": "p", "model": "m"}, {"name": "p", "model": "n"}]'},
+     "GATEWAY_POOLS: pool name(s) ['p'] declared twice"),
+    ([], {"GATEWAY_POOLS": '[{"name": "p", "model": "m", "adapters": ["n"]}, '
+                           '{"name": "q", "model": "n"}]'},
+     "GATEWAY_POOLS: adapter(s) ['n'] named like a pool's model"),
     ([], {"GATEWAY_ROUTING_POLICIES": '{"m": "fastest"}'},
      "GATEWAY_ROUTING_POLICIES['m'] (--routing-policies): Input should be 'prefix_affinity'"),
     (["--backends", "[http://a:8000"], {}, ("GATEWAY_BACKENDS (--backends): '[http://a:8000' is "

@@ -202,3 +202,48 @@ async def test_an_adapters_requests_wait_for_the_adapter_not_only_for_its_base()
         assert r1.loads == ["chat"]
         assert gw.metric(f'llmserve_queue_time_seconds_count{{pool="{MODEL}"}}') == 2
         assert demand(gw) == 0
+
+
+async def test_a_fresh_gateway_knows_a_declared_adapter_and_its_request_wakes_the_pool() -> None:
+    """A gateway that has never seen a replica (it restarted while the pool was parked): the
+    adapter's request waits, counted in the base pool's demand, and is served by the replica that
+    comes up with the adapter loaded at start (before: 404 model_not_found, demand 0, the pool
+    never woke)."""
+    port = free_port()
+    pools = [PoolLayout(name="p", model=MODEL, scale_to_zero=True, wake_budget_s=30,
+                        adapters=["chat"])]
+    with run_gateway(backends=[f"http://127.0.0.1:{port}"], pools=pools,
+                     expect_ready=False) as gw:
+        async with loopback.async_client(base_url=gw.url, timeout=30) as client:
+            task = asyncio.create_task(
+                client.post("/v1/chat/completions", json={**STREAM, "model": "chat",
+                                                          "stream": False}))
+            await asyncio.to_thread(wait_for, lambda: demand(gw) == 1)
+            replica = LoraReplica("r0", base=MODEL, port=port,
+                                  declared={"chat": "/models/adapters/chat/v1"})
+            with serve(replica):
+                resp = await task
+        assert resp.status_code == 200, resp.text
+        assert "chat@r0" in resp.text
+        assert demand(gw) == 0
+
+
+async def test_a_declared_pool_without_a_replica_beside_one_at_zero_answers_503() -> None:
+    """A pool not scalable to zero, declared beside one that is (as the chart renders
+    GATEWAY_POOLS), before its first replica: 503 with Retry-After (not 404 "not served here"),
+    and its demand series is exported at 0, so an autoscaler on it finds a metric."""
+    port = free_port()
+    pools = [*asleep_pool(30), PoolLayout(name="big", model="big-model")]
+    with run_gateway(backends=[f"http://127.0.0.1:{port}"], pools=pools,
+                     expect_ready=False) as gw:
+        r = loopback.post(gw.url + "/v1/chat/completions", json={**STREAM, "model": "big-model"},
+                          timeout=10)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "service_unavailable"
+        assert int(r.headers["retry-after"]) >= 1
+        assert pool_gauge(gw.url, "llmserve_pool_demand", "big-model") == 0
+        assert pool_gauge(gw.url, "llmserve_pool_ready_replicas", "big-model") == 0
+        # A name no pool declares is still unknown.
+        r = loopback.post(gw.url + "/v1/chat/completions", json={**STREAM, "model": "nope"},
+                          timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
