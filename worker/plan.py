@@ -197,8 +197,12 @@ def rank(layouts: list[Layout], goal: str) -> list[Layout]:
 
 def startup_seconds(spec: ModelSpec, layout: Layout, dtype: str | None, load_gbs: float) -> float:
     """Seconds before the engine answers /health: the weights its busiest pod loads (its
-    pipeline stages, every TP shard) at `load_gbs`, plus STARTUP_OVERHEAD_S."""
-    stages = spec.stage_bytes(layout.pp, dtype)
+    pipeline stages, every TP shard) at `load_gbs`, plus STARTUP_OVERHEAD_S. A pod reads the
+    checkpoint as it is on the volume, whatever `dtype` the engine then casts or quantises it
+    to (fp8 is quantised on the fly, after a bf16 checkpoint was read): sized from the
+    checkpoint's bytes."""
+    del dtype
+    stages = spec.stage_bytes(layout.pp)
     per_pod = layout.pp // layout.nodes
     heaviest = max(sum(stages[i:i + per_pod]) for i in range(0, layout.pp, per_pod))
     return heaviest / (load_gbs * GB) + STARTUP_OVERHEAD_S

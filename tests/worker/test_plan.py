@@ -294,6 +294,17 @@ def test_helm_values_quantise_on_the_fly_for_fp8() -> None:
     assert "dtype" not in pool
 
 
+@pytest.mark.parametrize("dtype", ["fp8", "float32"])
+def test_the_start_up_probe_reads_the_checkpoint_whatever_the_engine_makes_of_it(
+    dtype: str,
+) -> None:
+    """The pod reads the bf16 checkpoint and quantises (or casts) it after: its start-up probe
+    covers the checkpoint's bytes, not fp8's half of them."""
+    args = (str(QWEN), "--gpu", "H100", "--gpus-per-node", "8", "--tp", "8")
+    as_is = helm_pool_of(*args)["startupProbe"]
+    assert helm_pool_of(*args, "--dtype", dtype)["startupProbe"] == as_is
+
+
 def test_dtype_auto_is_the_checkpoints_as_for_the_worker_and_the_chart() -> None:
     """"auto", the worker's and the chart's default dtype, means the checkpoint's here too."""
     args = [str(QWEN), "--gpu", "H100", "--gpus-per-node", "2", "--json"]
