@@ -64,9 +64,12 @@ class Forwarder:
             await try_replicas(d, model, tried, lambda backend: self._attempt(
                 backend, req, raw, headers, send, ex, pool, tenant), route)
         except GatewayError as exc:
+            # Counted once, by the final status: at the last replica tried, or, with none to try,
+            # with a made-up model name as "unknown".
             if tried:
                 log_failure(d.failures, ex, exc)
-            else:  # no replica to try: counted here, with a made-up model name as "unknown"
+                d.metrics.requests.labels(model, tried[-1].url, str(exc.status)).inc()
+            else:
                 label = model if d.router.knows_model(model) else "unknown"
                 d.metrics.requests.labels(label, "", str(exc.status)).inc()
             await send_error(send, exc)

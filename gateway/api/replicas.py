@@ -88,8 +88,9 @@ async def try_replicas(
         try:
             return await attempt(backend)
         except GatewayError as exc:
+            # Not counted in llmserve_requests_total here: the request is counted once, by its
+            # final status, where it ends (a retry that succeeds is one 200).
             router.report_failure(backend)
-            d.metrics.requests.labels(model, backend.url, str(exc.status)).inc()
             last_error = exc
         finally:
             backend.outstanding -= 1

@@ -144,6 +144,23 @@ def test_failed_replica_is_retried_elsewhere_before_first_byte(
             r = loopback.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
             assert r.status_code == 200 and events(r.text)[-1] == "data: [DONE]"
         assert good.completions == 4
+        # One count per request, by its final status: a retry that succeeds is one 200.
+        assert gw.metric("llmserve_requests_total") == 4
+        assert gw.metric(f'llmserve_requests_total{{backend="{url_of(good)}",model="demo",'
+                         'status="200"}') == 4
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["proxy", "batcher"])
+def test_a_request_failed_on_every_replica_is_counted_once(
+    upstreams: UpstreamFactory, batch: bool,
+) -> None:
+    a, b = upstreams(fail_status=500), upstreams(fail_status=500)
+    with run_gateway(backends=[url_of(a), url_of(b)], retries=1,
+                     batch={"enabled": batch}) as gw:
+        r = loopback.post(gw.url + "/v1/completions", json={"model": "demo", "prompt": "hi"})
+        assert r.status_code == 502
+        assert a.completions + b.completions == 2  # tried on both
+        assert gw.metric("llmserve_requests_total") == 1
 
 
 # What a worker draining for a restart (worker/drain.py) answers every new request.
