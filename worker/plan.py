@@ -15,7 +15,13 @@ sequences at `--max-model-len`, and a decode roofline. One stream: every step re
 at once, PP one stage after the other. Saturated: all sequences that fit, the lower of the
 bandwidth bound (weights once per step, per pipeline micro-batch, plus each sequence's KV
 cache) and the compute bound (2 FLOP per active parameter plus attention, at COMPUTE_EFFICIENCY
-of the GPU's dense bf16 peak); the table says which binds. Rooflines are upper bounds: measured
+of the GPU's dense bf16 peak); the table says which binds. Tensor parallel is not free: every
+layer ends its attention and its MLP with an all-reduce of the batch's activations (hidden x
+sequences x dtype) over the TP group, on the step's critical path, so each step also pays
+2 x layers all-reduces (a ring: 2(TP-1) steps of the link's latency, and 2(TP-1)/TP of the
+message over its bandwidth); the `comm` column is their share of a single-stream step
+(docs/planner.md: the method, its sources, where TP stops paying).
+Rooflines are upper bounds: measured
 decode falls short of them (the README's Qwen2.5-72B example on 2 x A100-80GB gives the measured
 figures beside the rooflines).
 
@@ -54,6 +60,17 @@ PROG = "llmserve-worker plan"
 GB = 1e9
 
 
+# The GPU-to-GPU link of a tensor-parallel group, for the all-reduce each layer ends with:
+# bandwidth per direction per GPU (the datasheet's bidirectional figure halved), GB/s, and the
+# latency of one step of a ring over it, microseconds. NCCL's own cost model for a small ring
+# all-reduce (src/graph/tuning.cc, the LL protocol): ALLREDUCE_BASE_US plus 2(n-1) steps of
+# 0.47 us over NVLink, 1.0 us over PCIe. docs/planner.md compares it with measurements.
+ALLREDUCE_BASE_US = 3.6
+PCIE4 = ("PCIe Gen4 x16", 32.0, 1.0)
+NVLINK3 = ("NVLink 3, 600 GB/s", 300.0, 0.47)
+NVLINK4 = ("NVLink 4, 900 GB/s", 450.0, 0.47)
+
+
 @dataclass(frozen=True)
 class Gpu:
     name: str
@@ -61,6 +78,18 @@ class Gpu:
     bw_gbs: float  # memory bandwidth, GB/s
     tflops: float  # dense bf16 tensor TFLOP/s (the datasheet's figure without sparsity)
     source: str
+    link: str = PCIE4[0]  # what joins the GPUs of a TP group
+    link_gbs: float = PCIE4[1]  # per direction, GB/s
+    hop_us: float = PCIE4[2]  # one step of a ring all-reduce over that link
+
+    def allreduce_s(self, tp: int, message_bytes: float) -> float:
+        """Seconds for one ring all-reduce of `message_bytes` over `tp` GPUs: 2(tp-1) steps,
+        each GPU sending and receiving 2(tp-1)/tp of the message over its link. Zero at TP=1."""
+        if tp == 1:
+            return 0.0
+        steps = 2 * (tp - 1)
+        return ((ALLREDUCE_BASE_US + steps * self.hop_us) * 1e-6
+                + steps / tp * message_bytes / (self.link_gbs * GB))
 
 
 def _mib(n: int) -> float:
@@ -72,19 +101,23 @@ def _mib(n: int) -> float:
 # datasheet (which quotes bf16 "with sparsity", twice the dense figure, for L4, H100 and H200).
 GPUS = {g.name: g for g in (
     Gpu("A10G", _mib(23028), 600, 125,
-        "NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s, 125 bf16 TFLOP/s"),
+        "NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s, 125 bf16 TFLOP/s, PCIe Gen4", *PCIE4),
     Gpu("L4", _mib(23034), 300, 121,
-        "NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 bf16 TFLOP/s"),
+        "NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 bf16 TFLOP/s, PCIe Gen4", *PCIE4),
     Gpu("L40S", _mib(46068), 864, 362,
-        "NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, 362 bf16 TFLOP/s"),
+        "NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, 362 bf16 TFLOP/s, PCIe Gen4", *PCIE4),
     Gpu("A100-40GB", _mib(40960), 1555, 312,
-        "NVIDIA A100 datasheet: 40 GB HBM2, 1,555 GB/s (SXM4), 312 bf16 TFLOP/s"),
+        "NVIDIA A100 datasheet: 40 GB HBM2, 1,555 GB/s (SXM4), 312 bf16 TFLOP/s, NVLink 600 GB/s",
+        *NVLINK3),
     Gpu("A100-80GB", _mib(81920), 2039, 312,
-        "NVIDIA A100 datasheet: 80 GB HBM2e, 2,039 GB/s (SXM4), 312 bf16 TFLOP/s"),
+        "NVIDIA A100 datasheet: 80 GB HBM2e, 2,039 GB/s (SXM4), 312 bf16 TFLOP/s, "
+        "NVLink 600 GB/s", *NVLINK3),
     Gpu("H100", _mib(81559), 3350, 989,
-        "NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s (SXM5), 989 bf16 TFLOP/s"),
+        "NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s (SXM5), 989 bf16 TFLOP/s, NVLink 900 GB/s",
+        *NVLINK4),
     Gpu("H200", _mib(143771), 4800, 989,
-        "NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s (SXM), 989 bf16 TFLOP/s"),
+        "NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s (SXM), 989 bf16 TFLOP/s, NVLink 900 GB/s",
+        *NVLINK4),
 )}
 # CUDA context, activations and graphs: kept off the KV cache on every GPU.
 RUNTIME_OVERHEAD_GB = 2.0
@@ -117,6 +150,7 @@ class Layout:
     bandwidth_tok_s: float  # all replicas, memory-bandwidth bound
     compute_tok_s: float  # all replicas, compute bound
     bound: str  # which one binds the aggregate: "bandwidth" or "compute"
+    comm_share: float  # of a single-stream decode step, the TP all-reduces' share (0 at TP=1)
 
 
 def plan(spec: ModelSpec, gpu: Gpu, gpus_per_node: int, nodes: int, *, dtype: str | None,
@@ -153,16 +187,36 @@ def plan(spec: ModelSpec, gpu: Gpu, gpus_per_node: int, nodes: int, *, dtype: st
                 )
             dp = 0 if isinstance(placement, str) else placement.replicas
             pods = 0 if isinstance(placement, str) else placement.nnodes
-            single = min(tp * bw / spec.bytes_read_per_step(1, dtype),
-                         tp * flops / spec.flops_per_token(ctx))
+            work = max(spec.bytes_read_per_step(1, dtype) / (tp * bw),
+                       spec.flops_per_token(ctx) / (tp * flops))
+            comm = allreduce_seconds(spec, gpu, tp, 1, dtype)
+            single = 1 / (work + comm)
             by_bw, by_flops = (dp * r for r in saturated(spec, gpu, tp, pp, max_seqs, ctx, dtype))
             out.append(Layout(
                 tp, pp, dp, tp * pp, pods, not problems, "; ".join(problems) or "fits",
                 int(used), kv_tokens, max_seqs, round(single, 2),
                 round(min(by_bw, by_flops), 1), round(by_bw, 1), round(by_flops, 1),
                 ("compute" if by_flops < by_bw else "bandwidth") if max_seqs else "",
+                round(comm / (work + comm), 3),
             ))
     return out
+
+
+def activation_bytes(spec: ModelSpec, dtype: str | None) -> float:
+    """Bytes per element of the activations the TP all-reduce sums: the checkpoint's dtype, or
+    --dtype when it names a float type (fp8 and int quantise weights, not activations)."""
+    if dtype in DTYPES:
+        return dtype_bytes(dtype)
+    return dtype_bytes(spec.config_dtype)
+
+
+def allreduce_seconds(spec: ModelSpec, gpu: Gpu, tp: int, tokens: int,
+                      dtype: str | None) -> float:
+    """The TP all-reduces of one decode step of `tokens` sequences through the whole model:
+    two per layer (after attention's output projection and after the MLP's down projection),
+    each of hidden x tokens activations."""
+    message = spec.hidden_size * tokens * activation_bytes(spec, dtype)
+    return 2 * spec.num_hidden_layers * gpu.allreduce_s(tp, message)
 
 
 def saturated(spec: ModelSpec, gpu: Gpu, tp: int, pp: int, seqs: int, ctx: float,
@@ -173,15 +227,19 @@ def saturated(spec: ModelSpec, gpu: Gpu, tp: int, pp: int, seqs: int, ctx: float
     Pipeline parallel runs min(PP, seqs) micro-batches of different sequences at once (vLLM
     schedules one batch per stage), each through every stage: the weights are read once per
     micro-batch, and the stages work in parallel only when each has one. Each TP rank reads
-    its share of the KV cache (all of it where the KV heads are replicated)."""
+    its share of the KV cache (all of it where the KV heads are replicated). Each micro-batch's
+    step also waits for its TP all-reduces (allreduce_seconds), whichever bound binds."""
     if seqs < 1:
         return 0.0, 0.0
     bw, flops = gpu.bw_gbs * GB, gpu.tflops * 1e12 * COMPUTE_EFFICIENCY
     batches = min(pp, seqs)
     per_batch = seqs / batches
     kv_read = per_batch * ctx * spec.kv_bytes_per_token(dtype, tp, 1) * tp
-    by_bw = seqs * tp * bw / (spec.bytes_read_per_step(math.ceil(per_batch), dtype) + kv_read)
-    return by_bw, batches * tp * flops / spec.flops_per_token(ctx)
+    comm = allreduce_seconds(spec, gpu, tp, math.ceil(per_batch), dtype)
+    # Seconds for one micro-batch to pass every stage; `batches` of them are in flight.
+    by_bw = (spec.bytes_read_per_step(math.ceil(per_batch), dtype) + kv_read) / (tp * bw) + comm
+    by_flops = per_batch * spec.flops_per_token(ctx) / (tp * flops) + comm
+    return seqs / by_bw, seqs / by_flops if by_flops > 0 else math.inf
 
 
 def rank(layouts: list[Layout], goal: str) -> list[Layout]:
@@ -302,6 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="its memory bandwidth, GB/s (required with --gpu-mem-gb)")
     p.add_argument("--gpu-tflops", type=_positive,
                    help="its dense bf16 TFLOP/s (default: no compute bound)")
+    p.add_argument("--gpu-link-gbs", type=_positive,
+                   help=f"its GPU-to-GPU bandwidth per direction, GB/s, for tensor parallel's "
+                        f"all-reduces (default {PCIE4[1]:g}: {PCIE4[0]})")
+    p.add_argument("--gpu-hop-us", type=_positive,
+                   help=f"the latency of one step of a ring all-reduce between its GPUs, "
+                        f"microseconds (default {PCIE4[2]:g}: {PCIE4[0]})")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs in one node (default 8)")
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     p.add_argument("--dtype", default=None, type=_dtype,
@@ -346,7 +410,7 @@ def _table(spec: ModelSpec, layouts: list[Layout], gpu: Gpu, args: argparse.Name
           f"2 x {spec.num_hidden_layers} layers x {spec.num_key_value_heads} KV heads x "
           f"{spec.head_dim}")
     head = ("| TP | PP | DP | GPUs/replica | pods/replica | GB/GPU | KV tokens/replica | seqs@len "
-            "| decode tok/s (1 stream) | decode tok/s (all, saturated) | bound | |")
+            "| decode tok/s (1 stream) | comm | decode tok/s (all, saturated) | bound | |")
     lines = [
         (f"{spec.source}: {params / 1e9:.1f} B parameters{experts}; weights {weights / GB:.1f} GB "
          f"({origin}); rule of thumb params x bytes x {RULE_OF_THUMB}: {thumb:.1f} GB"),
@@ -355,30 +419,38 @@ def _table(spec: ModelSpec, layouts: list[Layout], gpu: Gpu, args: argparse.Name
          f"{spec.max_len:,}: {spec.max_len_key})"),
         (f"GPU {gpu.name}: {gpu.mem_gb:.1f} GB, {gpu.bw_gbs:g} GB/s, {gpu.tflops:g} bf16 TFLOP/s "
          f"({gpu.source}); {args.gpus_per_node} per node x {args.nodes} nodes; goal {args.goal}"),
+        (f"TP all-reduce: 2 per layer, each {ALLREDUCE_BASE_US:g} us + 2(TP-1) x {gpu.hop_us:g} us "
+         f"+ 2(TP-1)/TP of the message at {gpu.link_gbs:g} GB/s ({gpu.link}); comm: its share "
+         "of a one-stream step"),
         "",
         head,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in layouts:
         lines.append(
             f"| {x.tp} | {x.pp} | {x.dp} | {x.gpus} | {x.nodes} | {x.gpu_mem_bytes / GB:.1f} | "
             f"{x.kv_tokens:,} | {x.max_seqs:,} | {x.decode_tok_s_single:.1f} | "
-            f"{x.decode_tok_s_aggregate:,.0f} | {x.bound if x.fits else ''} | {x.reason} |"
+            f"{x.comm_share:.0%} | {x.decode_tok_s_aggregate:,.0f} | {x.bound if x.fits else ''} | {x.reason} |"
         )
     return "\n".join(lines)
 
 
 def _gpu(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Gpu:
     custom = [f for f, v in (("--gpu-mem-gb", args.gpu_mem_gb), ("--gpu-bw-gbs", args.gpu_bw_gbs),
-                             ("--gpu-tflops", args.gpu_tflops)) if v is not None]
+                             ("--gpu-tflops", args.gpu_tflops),
+                             ("--gpu-link-gbs", args.gpu_link_gbs),
+                             ("--gpu-hop-us", args.gpu_hop_us)) if v is not None]
     if args.gpu and custom:
         parser.error(f"--gpu {args.gpu} or {', '.join(custom)}, not both: the figures describe "
                      "a GPU that is not in --gpu's list")
     if args.gpu:
         return GPUS[args.gpu]
     if args.gpu_mem_gb and args.gpu_bw_gbs:
+        link = ("given on the command line" if args.gpu_link_gbs or args.gpu_hop_us
+                else PCIE4[0])
         return Gpu("custom", args.gpu_mem_gb, args.gpu_bw_gbs, args.gpu_tflops or math.inf,
-                   "given on the command line")
+                   "given on the command line", link, args.gpu_link_gbs or PCIE4[1],
+                   args.gpu_hop_us or PCIE4[2])
     parser.error("give --gpu, or --gpu-mem-gb with --gpu-bw-gbs")
 
 
