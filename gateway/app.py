@@ -74,71 +74,96 @@ class FastLane:
         return self.app(scope, receive, send)
 
 
+class Core:
+    """The scheduler both front doors share (the proxy here, the endpoint picker in
+    gateway/epp/): router and discovery, admission, the wake gate, metrics, API keys, LoRA
+    adapters, and the watches that keep them current off the request path."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        transport = H1Transport(settings.timeouts)
+        # LoRA adapters: what replicas list reaches the registry (through the prober) before the
+        # router builds a pool for an adapter, which then routes by residency (docs/lora.md).
+        adapters = Adapters(transport, settings.lora,
+                            declared=declared_adapters(settings.pools))
+        residency = Residency(adapters, settings.lora) if settings.lora.residency else None
+        # Probes share the connect deadline: a replica that slow to accept is not one to route to.
+        prober = HttpProber(transport, max(settings.timeouts.connect_s, 1.0),
+                            on_cards=adapters.observe)
+        router = build_router(settings, prober, residency)
+        adapters.attach(router)
+        metrics = GatewayMetrics()
+        metrics.backends.view = router.backend_states
+        metrics.upstream_connections.view = transport.connections_opened
+        for layout in settings.pools:
+            metrics.pool_info.labels(layout.name, layout.model, str(layout.tp), str(layout.pp),
+                                     str(layout.nodes)).set(1)
+        metrics.routing.view = router.routing_stats
+        metrics.parent_of = adapters.parent_of
+        metrics.adapters.view = AdapterView(
+            adapters.served, (lambda: residency.counts) if residency else dict,
+            lambda: adapters.loads)
+        # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
+        self.keys = (load_keys(settings.api_keys_file)
+                     if settings.api_keys_file is not None else None)
+        admission = Admission(settings.flow, metrics) if settings.flow.enabled else None
+        # Pools that may scale to zero: their requests wait for a replica (routing/wake.py), and
+        # every pool's demand is the autoscalers' signal (flow/demand.py).
+        budgets = wake_budgets(settings.pools)
+        wake = WakeGate(budgets, router, metrics) if budgets else None
+        metrics.demand.view = Demand(router, admission, wake).view
+        self.adapters = adapters
+        self.state = ProxyDeps(settings, router, transport, metrics, admission, wake=wake,
+                               parent_of=adapters.parent_of)
+
+        # Off the request path: run-time adapters follow replicas that restart or join;
+        # admission follows the replicas' count (each pool's ceiling) and the engines' queues.
+        self.watches: list[tuple[float, Callable[[], Awaitable[object]], str]] = [
+            (settings.health_interval_s, adapters.reconcile, "adapter reconcile")]
+        if admission is not None:
+            async def follow_replicas() -> None:
+                admission.set_replicas(router.replicas())
+
+            self.watches.append((settings.health_interval_s, follow_replicas,
+                                 "following replicas"))
+            if settings.flow.scrape_engines:
+                pressure = PressureWatch(settings.flow, admission, router.backends, transport)
+                self.watches.append((settings.flow.scrape_interval_s, pressure.scrape_once,
+                                     "engine pressure scrape"))
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Discovery and health probing begin; the watches run."""
+        await self.state.router.start()
+        self._tasks = [asyncio.create_task(every(*w)) for w in self.watches]
+
+    async def stop(self) -> None:
+        """Stop the watches and probing, close shared limits, the batcher and upstream sockets."""
+        state = self.state
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if state.flow is not None:
+            await state.flow.close()
+        if state.batcher is not None:
+            await state.batcher.close()
+        await state.router.stop()
+        await state.transport.close()
+
+
 def build_app(settings: GatewaySettings) -> GatewayApp:
-    transport = H1Transport(settings.timeouts)
-    # LoRA adapters: what replicas list reaches the registry (through the prober) before the
-    # router builds a pool for an adapter, which then routes by residency (docs/lora.md).
-    adapters = Adapters(transport, settings.lora, declared=declared_adapters(settings.pools))
-    residency = Residency(adapters, settings.lora) if settings.lora.residency else None
-    # Probes share the connect deadline: a replica that slow to accept is not one to route to.
-    prober = HttpProber(transport, max(settings.timeouts.connect_s, 1.0),
-                        on_cards=adapters.observe)
-    router = build_router(settings, prober, residency)
-    adapters.attach(router)
-    metrics = GatewayMetrics()
-    metrics.backends.view = router.backend_states
-    metrics.upstream_connections.view = transport.connections_opened
-    for layout in settings.pools:
-        metrics.pool_info.labels(layout.name, layout.model, str(layout.tp), str(layout.pp),
-                                 str(layout.nodes)).set(1)
-    metrics.routing.view = router.routing_stats
-    metrics.parent_of = adapters.parent_of
-    metrics.adapters.view = AdapterView(
-        adapters.served, (lambda: residency.counts) if residency else dict,
-        lambda: adapters.loads)
-    # Read once at start-up; a bad file raises KeyFileError naming GATEWAY_API_KEYS_FILE.
-    keys = load_keys(settings.api_keys_file) if settings.api_keys_file is not None else None
-    admission = Admission(settings.flow, metrics) if settings.flow.enabled else None
-    # Pools that may scale to zero: their requests wait for a replica (routing/wake.py), and
-    # every pool's demand is the autoscalers' signal (flow/demand.py).
-    budgets = wake_budgets(settings.pools)
-    wake = WakeGate(budgets, router, metrics) if budgets else None
-    metrics.demand.view = Demand(router, admission, wake).view
-    state = ProxyDeps(settings, router, transport, metrics, admission, wake=wake,
-                      parent_of=adapters.parent_of)
-
-    # Off the request path: run-time adapters follow replicas that restart or join; admission
-    # follows the replicas' count (each pool's ceiling) and the engines' queues.
-    watches: list[tuple[float, Callable[[], Awaitable[object]], str]] = [
-        (settings.health_interval_s, adapters.reconcile, "adapter reconcile")]
-    if admission is not None:
-        async def follow_replicas() -> None:
-            admission.set_replicas(router.replicas())
-
-        watches.append((settings.health_interval_s, follow_replicas, "following replicas"))
-        if settings.flow.scrape_engines:
-            pressure = PressureWatch(settings.flow, admission, router.backends, transport)
-            watches.append((settings.flow.scrape_interval_s, pressure.scrape_once,
-                            "engine pressure scrape"))
+    core = Core(settings)
+    state, adapters, keys = core.state, core.adapters, core.keys
+    router, metrics, admission = state.router, state.metrics, state.flow
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Start-up: discovery and health probing begin; /ready turns 200 once a replica answers.
-        await router.start()
-        tasks = [asyncio.create_task(every(*w)) for w in watches]
+        await core.start()
         try:
             yield
         finally:
             # Shutdown: uvicorn drained in-flight requests; stop probing, close upstream sockets.
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if admission is not None:
-                await admission.close()
-            if state.batcher is not None:
-                await state.batcher.close()
-            await router.stop()
-            await transport.close()
+            await core.stop()
 
     app = FastAPI(title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     # The written document (api/openapi.py): FastAPI cannot see the fast lane's endpoints.

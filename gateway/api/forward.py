@@ -21,6 +21,17 @@ from gateway.flow.tenants import Tenant
 from gateway.routing.backend import Backend
 
 
+def ask_usage(req: ParsedRequest) -> bytes:
+    """The body of a stream whose client did not ask for usage, asking for it on our own account
+    (token metrics, per-key limits); the relay strips it again. Only the final usage: running
+    usage (vLLM's continuous_usage_stats, sent only with include_usage) would ride on every chunk
+    the client reads."""
+    so = req.body.get("stream_options") or {}
+    req.body["stream_options"] = {
+        **{k: v for k, v in so.items() if k != "continuous_usage_stats"}, "include_usage": True}
+    return orjson.dumps(req.body)
+
+
 class Forwarder:
     """Forwards requests of one endpoint (`path`, `kind`) to the replicas."""
 
@@ -37,14 +48,7 @@ class Forwarder:
         d = self._d
         model = req.model
         if req.stream and not req.client_wants_usage:
-            # Ask for usage on our own account (token metrics); the relay strips it again. Only
-            # the final usage: running usage (vLLM's continuous_usage_stats, sent only with
-            # include_usage) would ride on every chunk the client reads.
-            so = req.body.get("stream_options") or {}
-            req.body["stream_options"] = {
-                **{k: v for k, v in so.items() if k != "continuous_usage_stats"},
-                "include_usage": True}
-            raw = orjson.dumps(req.body)
+            raw = ask_usage(req)
         headers = {"content-type": "application/json"}
         rid = scope.get("state", {}).get("request_id")
         if rid:

@@ -23,6 +23,7 @@ from gateway.api.inflight import DRAIN_EXPIRED, Exchange
 from gateway.api.schemas import Kind, ParsedRequest, encoding_error, parse_request
 from gateway.api.splice import WRITER_KEY, ClientWriter
 from gateway.errors import GatewayError, InvalidRequest, send_error, sse_error_event
+from gateway.flow.door import admit
 
 log = logging.getLogger("gateway.proxy")
 
@@ -106,37 +107,17 @@ class ProxyEndpoint:
         self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, ex: Exchange
     ) -> None:
         d = self._d
-        flow = d.flow
-        wake = d.wake
-        # A LoRA adapter's requests are admitted with its base model's, and wake its pool: the
-        # same engines serve both (routing/adapters.py).
-        name = d.parent_of(req.model) or req.model
-        charged = False  # by the per-key limits: refunded if refused further on
         try:
-            # Unknown models skip admission (404 or 503 later): made-up names must not create
-            # pools. An adapter is known by its base, even while its pool is at zero and no
-            # replica lists it.
-            if flow is not None and d.router.knows_model(name):
-                pool = flow.pool(name)
-                tenant = flow.tenants.for_key(scope.get("state", {}).get("api_key"))
-                await flow.check_limits(tenant, name)
-                charged = True
-            # A pool at zero replicas: wait for one (routing/wake.py) after the per-key limits,
-            # before taking a slot, then go through the door like any request.
-            if wake is not None and wake.asleep(name):
-                await wake.wait(name, req.model)
-            if charged and not pool.try_acquire(tenant.name, tenant.weight):
-                await pool.acquire(tenant, tenant.priority_class(scope["headers"]))
+            admitted = await admit(d.flow, d.router, d.wake, d.parent_of, req.model,
+                                   scope.get("state", {}).get("api_key"), scope["headers"])
         except GatewayError as exc:
-            if charged:
-                tenant.refund()
             d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
             await send_error(send, exc)
             return
-        if not charged:
+        if admitted is None:
             await self._forward(scope, req, raw, send, ex, None, None)
             return
-        tenant.admitted()
+        pool, tenant = admitted
         try:
             await self._forward(scope, req, raw, send, ex, pool, tenant)
         finally:

@@ -96,10 +96,17 @@ async def try_replicas(
             backend.outstanding -= 1
     if last_error is not None:
         raise last_error
+    raise no_replica(d, model)
+
+
+def no_replica(d: ProxyDeps, model: str) -> GatewayError:
+    """Why no replica could be tried for `model`: a 404 for a model served nowhere, or a 503 when
+    none of its replicas is healthy now."""
+    router = d.router
     if router.knows_any_model() and not router.knows_model(model):
-        raise ModelNotFound(
+        return ModelNotFound(
             f"The model '{model}' does not exist or is not served here", param="model")
-    raise Unavailable(
+    return Unavailable(
         f"no healthy replica for model '{model}'", retry_after=d.settings.health_interval_s)
 
 

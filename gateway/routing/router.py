@@ -236,6 +236,11 @@ class Router:
     def backends(self) -> list[Backend]:
         return list(self._backends.values())
 
+    def available(self) -> list[Backend]:
+        """The backends available for routing now, whatever they serve."""
+        now = self._clock()
+        return [b for b in self._backends.values() if b.available(now)]
+
     def backend_states(self) -> list[tuple[str, bool, int]]:
         """(url, available for routing, requests in flight) per backend, for the metrics."""
         now = self._clock()
