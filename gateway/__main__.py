@@ -1,4 +1,5 @@
-"""`python -m gateway [--host H] [--port P] [--backend URL ...]`; every setting has a flag."""
+"""`python -m gateway [--host H] [--port P] [--backend URL ...]`; every setting has a flag.
+`python -m gateway epp [...]` is `--mode epp`: the endpoint picker of a Gateway API gateway."""
 
 from __future__ import annotations
 
@@ -11,9 +12,18 @@ from gateway.server import run
 
 
 def main(argv: list[str] | None = None) -> None:
-    settings = settings_from_args(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["epp"]:
+        args = ["--mode", "epp", *args[1:]]
+    settings = settings_from_args(args)
     try:
-        run(settings)
+        if settings.mode == "epp":
+            # Imported here: grpcio and xds-protos are the `epp` extra, not every install's.
+            from gateway.epp.server import run as run_epp
+
+            run_epp(settings)
+        else:
+            run(settings)
     except (DiscoveryError, KeyFileError) as exc:
         # e.g. kubernetes discovery outside a cluster with no kube config, or a keys file that
         # cannot be read or parsed: one line naming the setting, no traceback.

@@ -148,6 +148,27 @@ class EdgeSettings(BaseModel):
         description="separate listener for /health, /ready and /metrics (unset: none)")
 
 
+class EppSettings(BaseModel):
+    """EPP mode (`--mode epp`, gateway/epp/): the scheduler served to a Gateway API gateway
+    (Envoy Gateway, Istio, kgateway...) as an Envoy ext_proc endpoint picker, instead of proxying
+    itself. Routing, flow control and limits are the gateway's settings above."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    port: int = Field(9002, ge=1, le=65535,
+                      description="ext_proc gRPC port (GIE's convention: 9002), with gRPC health")
+    metrics_port: int | None = Field(
+        9090, ge=1, le=65535, description="HTTP port of /metrics (unset: none)")
+    chunk_bytes: int = Field(
+        62_000, ge=1024, le=64_000,
+        description="largest body chunk sent back to Envoy (Envoy takes 64 KiB at most)")
+    pool_name: str | None = Field(
+        None, description="the InferencePool whose selector finds the endpoints "
+                          "(discovery=inferencepool)")
+    pool_namespace: str | None = Field(
+        None, description="the InferencePool's namespace (discovery=inferencepool; default: own)")
+
+
 class PoolLayout(BaseModel):
     """One worker pool as the chart deploys it: vLLM's API does not tell a replica's layout, which
     dashboards (`llmserve_pool_info`) and benchmark reports (`/v1/models`) show.
@@ -286,11 +307,15 @@ class GatewaySettings(BaseSettings):
         frozen=True,
         extra="forbid")
 
+    mode: Literal["gateway", "epp"] = Field(
+        "gateway", description="gateway: serve the OpenAI API and proxy; epp: be the endpoint "
+                               "picker of a Gateway API gateway (Envoy ext_proc, see --epp.*)")
     host: str = Field("0.0.0.0", description="address to listen on")
     port: int = Field(8000, ge=1, le=65535, description="port to listen on")
 
-    discovery: Literal["static", "dns", "kubernetes"] = Field(
-        "static", description="how backends are found: static list, DNS A records, EndpointSlices")
+    discovery: Literal["static", "dns", "kubernetes", "inferencepool"] = Field(
+        "static", description="how backends are found: static list, DNS A records, "
+                              "EndpointSlices, or an InferencePool's selector (pods)")
     # NoDecode: the env var takes a URL, comma-separated URLs or a JSON list (_split_backends).
     backends: Annotated[list[str], NoDecode] = Field(
         default=[],
@@ -332,6 +357,7 @@ class GatewaySettings(BaseSettings):
     flow: FlowSettings = FlowSettings()
     batch: BatchSettings = BatchSettings()
     edge: EdgeSettings = EdgeSettings()
+    epp: EppSettings = EppSettings()
     api_keys_file: Path | None = Field(
         None, description="JSON file of API keys (sha256 hashes, limits); unset: auth off")
     admin_key: SecretStr | None = Field(
@@ -400,6 +426,9 @@ class GatewaySettings(BaseSettings):
             raise ValueError("GATEWAY_DNS_NAME is required when GATEWAY_DISCOVERY=dns")
         if self.discovery == "kubernetes" and not self.k8s_service:
             raise ValueError("GATEWAY_K8S_SERVICE is required when GATEWAY_DISCOVERY=kubernetes")
+        if self.discovery == "inferencepool" and not self.epp.pool_name:
+            raise ValueError(
+                "GATEWAY_EPP__POOL_NAME is required when GATEWAY_DISCOVERY=inferencepool")
         if self.discovery == "static" and len(set(self.backends)) != len(self.backends):
             raise ValueError("GATEWAY_BACKENDS lists the same backend twice")
         if self.admin_key is not None and len(self.admin_key.get_secret_value()) < ADMIN_KEY_MIN:

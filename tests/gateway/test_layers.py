@@ -15,7 +15,7 @@ PACKAGE = ROOT / "gateway"
 
 # Higher imports lower, never the reverse.
 RANKS = {"api": 4, "flow": 3, "routing": 2, "transport": 1}
-ASSEMBLY = {"app", "server", "edge", "cli", "__main__"}
+ASSEMBLY = {"app", "server", "edge", "cli", "__main__", "epp"}
 
 
 def rank(module: str) -> int:

@@ -1,0 +1,172 @@
+"""The pick for one request that Envoy holds: the gateway's own checks, admission and routing,
+called as the proxy calls them (gateway/flow/door.py, gateway/routing/router.py), only the
+answer differs: an endpoint for Envoy to forward to instead of a forwarded request.
+
+Completion requests (the two OpenAI paths the gateway proxies) are parsed and validated as the
+gateway does, authenticated when a keys file is set, admitted into their model's pool (per-key
+limits, slow start, the fair queue, overload refusal) and routed by the pool's policy (prefix
+affinity, least outstanding...). Any other request (GET /v1/models, /v1/embeddings, ...) goes to
+the least busy endpoint serving its model, or of all, without admission: as the gateway, which
+does not admit what it does not proxy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.api.auth import AuthMiddleware, bearer_token
+from gateway.api.deps import ProxyDeps
+from gateway.api.forward import ask_usage
+from gateway.api.replicas import no_replica, route_request
+from gateway.api.schemas import Kind, ParsedRequest, encoding_error, parse_request
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, Unavailable
+from gateway.flow.admission import Pool
+from gateway.flow.door import admit
+from gateway.flow.keys import KeyStore
+from gateway.flow.tenants import Tenant
+from gateway.routing.backend import Backend
+
+# The endpoints admitted and routed as the gateway's proxy does; the rest are only routed.
+COMPLETIONS: dict[bytes, Kind] = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion"}
+
+
+def host_port(b: Backend) -> str:
+    """A backend's address as the protocol names endpoints: ip:port."""
+    return b.url.split("://", 1)[-1]
+
+
+class Refused(Exception):
+    """Answer the client with this error at once (an ImmediateResponse), with extra headers."""
+
+    def __init__(self, error: GatewayError, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.headers = headers
+
+
+@dataclass(slots=True)
+class Pick:
+    """Where one request goes, and what its answer must be watched for."""
+
+    backend: Backend
+    model: str
+    body: bytes  # the body to forward (the request's own, or asking for usage)
+    changed: bool  # `body` differs from the client's
+    stream: bool
+    strip_usage: bool  # the client did not ask for usage: the watcher strips it from the stream
+    pool: Pool | None
+    tenant: Tenant | None
+    dispatched: float  # when the pick was made (admission's clock): TTFT samples count from it
+
+    def release(self) -> None:
+        """Give the slot back, and the backend's count of requests in flight."""
+        self.backend.outstanding -= 1
+        if self.pool is not None and self.tenant is not None:
+            self.pool.release(self.tenant.name)
+            self.pool = None
+
+
+class Picker:
+    def __init__(self, deps: ProxyDeps, keys: KeyStore | None) -> None:
+        self._d = deps
+        self._keys = keys
+        self._session_header = deps.settings.affinity.session_header.lower().encode("latin-1")
+
+    async def pick(self, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
+                   subset: frozenset[str] | None) -> Pick:
+        """Admit and route one request; raises Refused with the client's answer when it must not
+        be forwarded. The caller owns the Pick: `release` it when the answer is over."""
+        d = self._d
+        if len(body) > d.settings.max_body_bytes:
+            raise Refused(PayloadTooLarge(
+                f"request body exceeds {d.settings.max_body_bytes} bytes"))
+        key = None
+        if self._keys is not None and path.startswith(b"/v1/"):
+            token = bearer_token({"headers": headers})
+            key = self._keys.lookup(token) if token else None
+            if key is None:
+                refusal = AuthMiddleware.invalid if token else AuthMiddleware.missing
+                raise Refused(refusal, AuthMiddleware.www)
+        exclude = self._outside(subset)
+        kind = COMPLETIONS.get(path.partition(b"?")[0])
+        if kind is None:
+            return self._route_other(body, exclude, subset)
+        try:
+            req = parse_request(body, kind)
+        except InvalidRequest as exc:
+            raise Refused(encoding_error(headers) or exc) from None
+        except GatewayError as exc:
+            raise Refused(exc) from None
+        try:
+            admitted = await admit(d.flow, d.router, d.wake, d.parent_of, req.model, key, headers)
+        except GatewayError as exc:
+            d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
+            raise Refused(exc) from None
+        pool, tenant = admitted if admitted is not None else (None, None)
+        try:
+            route = (route_request(req, {"headers": headers}, self._session_header)
+                     if d.router.wants_affinity(req.model) else None)
+            backend = d.router.pick(req.model, exclude, route)
+            if backend is None:
+                raise Refused(self._none_left(req.model, subset))
+        except BaseException:
+            if pool is not None and tenant is not None:
+                pool.release(tenant.name)
+            raise
+        return self._picked(backend, req, body, pool, tenant)
+
+    def _picked(self, backend: Backend, req: ParsedRequest, body: bytes, pool: Pool | None,
+                tenant: Tenant | None) -> Pick:
+        d = self._d
+        backend.outstanding += 1
+        strip = req.stream and not req.client_wants_usage
+        forwarded = ask_usage(req) if strip else body
+        clock = d.flow.clock() if d.flow is not None else 0.0
+        return Pick(backend, req.model, forwarded, strip, req.stream, strip, pool, tenant, clock)
+
+    def _outside(self, subset: frozenset[str] | None) -> list[Backend]:
+        """The backends the subset hint rules out (none without a hint)."""
+        if subset is None:
+            return []
+        return [b for b in self._d.router.backends() if host_port(b) not in subset]
+
+    def _none_left(self, model: str, subset: frozenset[str] | None) -> GatewayError:
+        if subset is not None:
+            return Unavailable(
+                f"no healthy replica for model '{model}' among the endpoints the gateway allowed",
+                retry_after=self._d.settings.health_interval_s)
+        return no_replica(self._d, model)
+
+    def _route_other(self, body: bytes, exclude: list[Backend],
+                     subset: frozenset[str] | None) -> Pick:
+        """A request the gateway does not admit: the least busy endpoint serving its model (the
+        body's `model`, when it is a JSON object naming one the router knows), else of all."""
+        d = self._d
+        model = _model_of(body)
+        if model is not None and d.router.knows_model(model):
+            backend = d.router.pick(model, exclude)
+            if backend is None:
+                raise Refused(self._none_left(model, subset))
+        else:
+            candidates = [b for b in d.router.available() if b not in exclude]
+            if not candidates:
+                raise Refused(Unavailable("no healthy replica",
+                                          retry_after=d.settings.health_interval_s))
+            backend = min(candidates, key=lambda b: b.outstanding)
+            model = model or ""
+        backend.outstanding += 1
+        return Pick(backend, model, body, False, False, False, None, None, 0.0)
+
+
+def _model_of(body: bytes) -> str | None:
+    if not body:
+        return None
+    try:
+        obj: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = obj.get("model") if isinstance(obj, dict) else None
+    return model if isinstance(model, str) and model else None
