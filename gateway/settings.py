@@ -20,6 +20,9 @@ from model_store.adapter import ADAPTER_NAME
 DEFAULT_WAKE_BUDGET_S = 300.0
 WAKE_BUDGET_MAX_S = 3600
 
+# Request priorities, highest first (a key's priority, x-llmserve-priority, the flow's default).
+Priority = Literal["high", "normal", "low"]
+
 # The routing policies by name, checked at start-up; gateway/routing/factory.py builds them.
 PolicyName = Literal["prefix_affinity", "least_outstanding", "round_robin"]
 
@@ -74,7 +77,7 @@ class FlowSettings(BaseModel):
     scrape_interval_s: float = Field(1.0, gt=0, description="engine /metrics scrape period")
     kv_cache_high: float = Field(
         0.95, gt=0, le=1, description="engine KV cache usage treated as saturation")
-    default_priority: Literal["high", "normal", "low"] = Field(
+    default_priority: Priority = Field(
         "normal", description="priority when neither the key nor x-llmserve-priority sets one")
     # Per-key limits across gateway replicas: one Redis for all, or each enforcing its share.
     limits_redis_url: str | None = Field(

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from model_store.errors import UsageError
 
 # S3's rules for new buckets (3-63 chars, lowercase, digits, dots, hyphens): anything else is a typo.
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+BUCKET = r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]"
+_BUCKET = re.compile(rf"^{BUCKET}$")
+# A prefix's segments, between any leading and trailing slashes: no empty one.
+_PREFIX = r"/+([^/]+(/[^/]+)*/*)?"
+# What `S3Url.parse` takes, as one regular expression (RE2 syntax too: the chart's values schema
+# is generated from these, deploy/helm/values_schema.py). URL_UNDER: a prefix under the bucket.
+URL = rf"^s3://{BUCKET}({_PREFIX})?$"
+URL_UNDER = rf"^s3://{BUCKET}/+[^/]+(/[^/]+)*/*$"
 
 
 @dataclass(frozen=True)

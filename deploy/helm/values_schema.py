@@ -1,32 +1,67 @@
-"""Generates llmserve/values.schema.json: `python deploy/helm/values_schema.py`.
+"""Generates llmserve/values.schema.json and llmserve/templates/_rules.tpl:
+`python deploy/helm/values_schema.py`.
 
 The schema is written here, in Python, because pool keys and workerDefaults share one set of
 definitions (`INFRA`) and JSON has no way to say so without $ref/allOf tricks that defeat
-additionalProperties, and because the layout rules come from worker/rules.py, the module the
-planner and the worker apply too. tests/deploy/test_values_schema.py fails when the JSON file is
-stale.
+additionalProperties, and because every rule the chart checks that a component enforces too comes
+from that component's Python: the layout rules from worker/rules.py (the planner and the worker
+apply them), S3 URLs from model_store/s3url.py, API keys and priorities from gateway/flow/keys.py,
+ports, the admin key's digest, the wake budget's limit and the longest stream from
+gateway/settings.py, the master port from worker/settings.py. Numbers the templates need
+(`_rules.tpl`) come from there too. tests/deploy/test_values_schema.py fails when either file is
+stale; tests/deploy/test_rules_agree.py drives the same values through the chart and the Python.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-# worker/rules.py and model_store/adapter.py are standard-library only: importable without the
-# packages' dependencies.
+# Run as a script from anywhere (the project's virtualenv: gateway/settings.py needs pydantic).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from model_store import adapter
+from gateway.flow.keys import KeyEntry
+from gateway.settings import (
+    WAKE_BUDGET_MAX_S,
+    EdgeSettings,
+    GatewaySettings,
+    Timeouts,
+)
+from model_store import adapter, s3url
 from worker import rules
+from worker.settings import WorkerSettings
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "llmserve" / "values.schema.json"
+RULES_PATH = Path(__file__).resolve().parent / "llmserve" / "templates" / "_rules.tpl"
 # llmserve_ttft_seconds's bucket bounds, as gateway/metrics.py has them (this script runs without
 # the gateway on its path; tests/deploy/test_prometheus_rules.py checks the two agree).
 TTFT_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
     7.5, 10.0, 20.0, 30.0, 60.0,
 )
+
+
+def _plain(schema: Any) -> Any:
+    """Pydantic's JSON schema without what only documents it (titles, defaults)."""
+    if isinstance(schema, dict):
+        return {k: _plain(v) for k, v in schema.items() if k not in ("title", "default")}
+    if isinstance(schema, list):
+        return [_plain(v) for v in schema]
+    return schema
+
+
+def field(model: Any, name: str, **kw: Any) -> dict[str, Any]:
+    """Field `name` of pydantic `model` as its JSON schema; an optional field's non-null branch
+    (the chart always renders a value)."""
+    schema: dict[str, Any] = _plain(model.model_json_schema()["properties"][name])
+    schema.pop("description", None)
+    branches = [b for b in schema.pop("anyOf", []) if b != {"type": "null"}]
+    if branches:
+        (schema_branch,) = branches
+        schema.update(schema_branch)
+    return {**schema, **kw}
 
 
 def obj(
@@ -64,20 +99,14 @@ QTY = {
     ]
 }
 DURATION = s(pattern=r"^([0-9]+(ms|s|m|h|d|w|y))+$")
-PRIORITY = s(enum=["high", "normal", "low"])
-api_key = obj(
-    {
-        "tenant": s(minLength=1, maxLength=64, pattern=r"^[A-Za-z0-9_.:-]+$"),
-        # Only the digest of a key ever enters the values (and the cluster).
-        "sha256": s(pattern="^[A-Fa-f0-9]{64}$"),
-        "rpm": {"type": "number", "exclusiveMinimum": 0},
-        "tpm": {"type": "number", "exclusiveMinimum": 0},
-        "priority": PRIORITY,
-        "max_priority": PRIORITY,
-        "weight": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000},
-    },
-    required=["tenant", "sha256"],
-)
+# The gateway's keys-file entry, rules and all; only the digest of a key ever enters the values
+# (and the cluster).
+api_key = _plain(KeyEntry.model_json_schema())
+api_key.pop("description", None)
+PORT = field(GatewaySettings, "port")
+# A model's source, and an adapter's (a prefix under the bucket), as model_store parses them.
+S3_URL = s(pattern=s3url.URL)
+S3_URL_UNDER = s(pattern=s3url.URL_UNDER)
 image = obj(
     {"repository": s(minLength=1), "tag": s(), "digest": s(pattern=r"^(sha256:[a-f0-9]{64})?$")},
     required=["repository"],
@@ -161,8 +190,9 @@ INFRA: dict[str, Any] = {
             "pollingIntervalSeconds": i(1),
             "cooldownSeconds": {"type": ["integer", "null"], "minimum": 0},
             "scaleDownStabilizationSeconds": i(0, maximum=3600),
-            # The gateway's pools[].wake_budget_s (0 < budget <= 3600).
-            "wakeBudgetSeconds": {"type": ["integer", "null"], "minimum": 1, "maximum": 3600},
+            # The gateway's pools[].wake_budget_s (0 < budget <= its limit).
+            "wakeBudgetSeconds": {"type": ["integer", "null"], "minimum": 1,
+                                  "maximum": WAKE_BUDGET_MAX_S},
         },
         required=["enabled"],
         description="worker autoscaling on the gateway's demand signal: KEDA or an HPA",
@@ -189,7 +219,7 @@ source = {
     "maxProperties": 1,
     "description": "exactly one of s3, bootstrapDemo, preloaded",
     "properties": {
-        "s3": s(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,62}(/.*)?$"),
+        "s3": S3_URL,
         "bootstrapDemo": {"const": True},
         "preloaded": {"const": True},
     },
@@ -202,7 +232,7 @@ multinode = obj(
             description="pods per group, one per node; pipelineParallelSize must be a multiple "
             "of it",
         ),
-        "masterPort": i(1, maximum=65535),
+        "masterPort": field(WorkerSettings, "master_port"),
         "restartPolicy": s(
             enum=["RecreateGroupOnPodRestart", "None", "Default", "RecreateGroupAfterStart"]
         ),
@@ -229,7 +259,7 @@ lora = obj(
                 {
                     "name": s(pattern=adapter.ADAPTER_NAME,
                               description="what clients send as `model`"),
-                    "s3": s(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,62}/.+$"),
+                    "s3": S3_URL_UNDER,
                     "revision": PATHPART,
                 },
                 required=["name", "s3"],
@@ -303,7 +333,10 @@ SCHEMA: dict[str, Any] = {
         "nameOverride": s(),
         "fullnameOverride": s(maxLength=32),
         "clusterDomain": s(minLength=1),
-        "maxStreamSeconds": i(1, description="longest stream a drain waits for"),
+        # The gateway's timeouts.total_s, which its first_byte_s may not exceed.
+        "maxStreamSeconds": i(math.ceil(Timeouts().first_byte_s),
+                              description="longest stream: the gateway ends a request at this, "
+                              "and a drain waits this long"),
         "image": obj(
             {
                 # Empty: the templates fail with a message naming the value (no default exists).
@@ -328,8 +361,8 @@ SCHEMA: dict[str, Any] = {
         "gateway": obj(
             {
                 "replicas": i(1),
-                "port": i(1, maximum=65535),
-                "probePort": i(1, maximum=65535),
+                "port": PORT,
+                "probePort": field(EdgeSettings, "probe_port"),
                 "discovery": s(enum=["kubernetes", "dns", "static"]),
                 "backends": {"type": "array", "items": s(pattern="^https?://.+")},
                 "drainTimeoutSeconds": {"type": ["integer", "null"], "minimum": 0},
@@ -346,7 +379,10 @@ SCHEMA: dict[str, Any] = {
                     {
                         "existingSecret": s(),
                         "secretKey": s(pattern=r"^[-._a-zA-Z0-9]+$"),
-                        "sha256": s(pattern="^([A-Fa-f0-9]{64})?$"),
+                        # Empty: none. A key itself (in the Secret) is at least
+                        # ADMIN_KEY_MIN characters, which the gateway checks at start.
+                        "sha256": s(pattern="^(" + field(GatewaySettings, "admin_key_sha256")[
+                            "pattern"].strip("^$") + ")?$"),
                     }
                 ),
                 "apiKeys": obj(
@@ -558,6 +594,23 @@ def render() -> str:
     return json.dumps(SCHEMA, indent=2) + "\n"
 
 
+# Numbers the templates use, from the Python that enforces them.
+TEMPLATE_RULES = {
+    "llmserve.wakeBudgetMax": WAKE_BUDGET_MAX_S,
+    "llmserve.default.masterPort": WorkerSettings.model_fields["master_port"].default,
+}
+
+
+def render_rules() -> str:
+    head = ("{{/* Generated by deploy/helm/values_schema.py from the Python that enforces these "
+            "rules: do not edit. */}}")
+    lines = [head]
+    for name, value in TEMPLATE_RULES.items():
+        lines.append(f'{{{{- define "{name}" -}}}}{value}{{{{- end -}}}}')
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     SCHEMA_PATH.write_text(render(), encoding="utf-8")
+    RULES_PATH.write_text(render_rules(), encoding="utf-8")
     sys.exit(0)

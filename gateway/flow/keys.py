@@ -13,24 +13,36 @@ attacker can steer (a hit means the digests are equal); the key is never kept, r
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-Priority = Literal["high", "normal", "low"]
-# Queue classes: lower is served first.
-PRIORITY_CLASS: dict[str, int] = {"high": 0, "normal": 1, "low": 2}
+from gateway.settings import Priority
+
+# Queue classes: lower is served first (Priority's names, in that order).
+PRIORITY_CLASS: dict[str, int] = {name: i for i, name in enumerate(get_args(Priority))}
+# A key's digest as the file holds it (surrounding blanks and upper case are forgiven).
+SHA256_HEX = r"^[A-Fa-f0-9]{64}$"
 
 
 class KeyFileError(ValueError):
     """The keys file is missing or malformed; the message names GATEWAY_API_KEYS_FILE."""
 
 
-class _KeyEntry(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+def _sha256_pattern(schema: dict[str, Any]) -> None:
+    """What the validator below checks, as the JSON schema's pattern."""
+    schema["properties"]["sha256"]["pattern"] = SHA256_HEX
+
+
+class KeyEntry(BaseModel):
+    """One entry of the keys file. The chart's values schema takes its JSON schema
+    (deploy/helm/values_schema.py): one set of rules for gateway.apiKeys.keys and this file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_sha256_pattern)
 
     tenant: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     sha256: str
@@ -44,7 +56,7 @@ class _KeyEntry(BaseModel):
     @classmethod
     def _hex(cls, v: str) -> str:
         v = v.strip().lower()
-        if len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+        if not re.match(SHA256_HEX, v):
             raise ValueError("sha256 must be 64 hex characters (the hash, never the key itself)")
         return v
 
@@ -52,7 +64,7 @@ class _KeyEntry(BaseModel):
 class _KeyFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    keys: list[_KeyEntry]
+    keys: list[KeyEntry]
 
 
 @dataclass(frozen=True, slots=True)

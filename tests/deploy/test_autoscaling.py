@@ -102,14 +102,42 @@ def test_the_query_selects_what_the_service_monitor_scrapes(render_case: RenderC
 def test_pools_at_zero_are_declared_to_the_gateway(render_case: RenderCase) -> None:
     pools = gateway_pools(render_case("keda-scale-to-zero"))
     settings = GatewaySettings(pools=pools)
-    # The wake budget given, or the gateway's default where the values leave it out.
-    assert wake_budgets(settings.pools) == {"m-tp": 900.0, "m-pp": 300.0}
+    # The wake budget given, or where the values leave it out what the pool's start-up probe
+    # allows a cold start (10 s x 60): a request waits as long as a replica may take to start.
+    assert wake_budgets(settings.pools) == {"m-tp": 900.0, "m-pp": 600.0}
     notes = render_case("keda-scale-to-zero").notes
     assert "pool tp1 follows the gateway's demand for \"m-tp\"" in notes
-    assert "up to autoscaling.wakeBudgetSeconds (900s)" in notes
+    assert "wait in the gateway, up to 900s (autoscaling.wakeBudgetSeconds" in notes
+    assert "wait in the gateway, up to 600s (autoscaling.wakeBudgetSeconds" in notes
     # A pool that never goes below one replica is not declared.
     one = render({**KEDA, "models": [_pool(autoscaling={"enabled": True, "minReplicas": 1})]})
     assert wake_budgets(GatewaySettings(pools=gateway_pools(one)).pools) == {}
+
+
+@pytest.mark.parametrize(("probe", "budget"), [
+    ({"periodSeconds": 10, "failureThreshold": 180}, 1800),  # the chart's default probe
+    ({"periodSeconds": 5, "failureThreshold": 30}, 150),
+    ({"periodSeconds": 30, "failureThreshold": 200}, 3600),  # 6000 s: the gateway's limit
+])
+def test_the_default_wake_budget_covers_the_start_up_probe(
+    probe: dict[str, int], budget: int,
+) -> None:
+    """Not the gateway's 300 s beside a cold start the probe allows 1,800 s for: by default a
+    request waits as long as the pool may take to start (at most the gateway's limit), and NOTES
+    prints the number."""
+    rel = render({**KEDA, "models": [_pool(startupProbe=probe, autoscaling={
+        "enabled": True, "minReplicas": 0})]})
+    assert wake_budgets(GatewaySettings(pools=gateway_pools(rel)).pools) == {
+        "demo-model": budget}
+    assert f"wait in the gateway, up to {budget}s (autoscaling.wakeBudgetSeconds" in rel.notes
+
+
+def test_a_cooldown_matters_only_at_zero() -> None:
+    """KEDA's cooldown is the wait before scaling to zero: a short one at minReplicas 1 is
+    harmless, so it renders; at 0 it is refused (below)."""
+    rel = render({**KEDA, "models": [_pool(autoscaling={
+        "enabled": True, "minReplicas": 1, "cooldownSeconds": 60})]})
+    assert rel.one("ScaledObject")["spec"]["cooldownPeriod"] == 60
 
 
 def _refusal(values: dict[str, Any]) -> str:
@@ -148,6 +176,17 @@ def test_a_cooldown_shorter_than_a_cold_start_is_refused() -> None:
      "not a Kubernetes label value"),
     ({"models": [_pool(device="cpu", sleepMode=True)]},
      "models[p].sleepMode: vLLM's sleep mode runs on CUDA and ROCm GPUs only"),
+    # Accepted and ignored before (issue 37, item 7).
+    ({**KEDA, "models": [_pool(autoscaling={"enabled": True, "minReplicas": 1,
+                                            "wakeBudgetSeconds": 600})]},
+     "models[p].autoscaling.wakeBudgetSeconds is set but minReplicas=1"),
+    ({**KEDA, "models": [_pool(replicas=3, autoscaling={"enabled": True})]},
+     "models[0] (p): replicas is set, but autoscaling.enabled: the autoscaler sets the count"),
+    ({"models": [_pool(lora={"enabled": True})]},
+     "models[p].lora.enabled lists no adapter and gateway.adminKey is unset"),
+    ({"models": [_pool("a", lora={"adapters": [{"name": "other", "s3": "s3://models/a/v1"}]}),
+                 _pool("b", model="other", source={"s3": "s3://models/other/main"})]},
+     'models[a].lora.adapters: "other" is the model name of pool b'),
 ])
 def test_what_cannot_work_is_refused(values: dict[str, Any], fragment: str) -> None:
     assert fragment in _refusal(values)

@@ -369,7 +369,7 @@ GOOD: dict[str, dict[str, Any]] = {
     "autoscaling": {"models": [_pool(autoscaling={"enabled": True, "engine": "hpa",
                                                   "maxReplicas": 6})]},
     "distinctNodes": {"models": [{**PP, "multiNode": {"nodes": 2, "distinctNodes": True}}]},
-    "maxStreamSeconds": {"maxStreamSeconds": 60},
+    "maxStreamSeconds": {"maxStreamSeconds": 600},
     "gatewayRuntimeClass": {"gateway": {"runtimeClassName": "gvisor"}},
 }
 BAD: dict[str, tuple[dict[str, Any], str]] = {

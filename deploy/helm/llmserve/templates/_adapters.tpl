@@ -28,6 +28,10 @@ as the worker's own default; the gateway gets the same number per served model
 {{- $dir := printf "%s/adapters/%s/%s" $root.Values.modelStorage.mountPath .name $revision -}}
 {{- $adapters = append $adapters (dict "name" .name "s3" .s3 "revision" $revision "dir" $dir) -}}
 {{- end -}}
+{{- $admin := $root.Values.gateway.adminKey -}}
+{{- if and $l.enabled (not $adapters) (not (or $admin.existingSecret $admin.sha256)) -}}
+{{- fail (printf "models[%s].lora.enabled lists no adapter and gateway.adminKey is unset: adapters are added at run time through the admin API, which is off without a key" $m.name) -}}
+{{- end -}}
 {{- $maxLoras := $l.maxLoras | default (max 1 (len $adapters)) -}}
 {{- $runtime := ternary true $l.runtimeUpdates (not (hasKey $l "runtimeUpdates")) -}}
 {{- toYaml (dict "enabled" (or $l.enabled (gt (len $adapters) 0)) "adapters" $adapters "maxLoras" (int $maxLoras) "maxLoraRank" $l.maxLoraRank "runtimeUpdates" $runtime) -}}

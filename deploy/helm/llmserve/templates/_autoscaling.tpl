@@ -17,6 +17,8 @@ One pool's autoscaling, normalised and checked. (dict "root" $ "m" <normalised p
   cooldownSeconds  null -> startupSeconds
   query            the PromQL KEDA runs (unless set)
   scaleToZero      enabled with minReplicas 0: the gateway lets requests wait for a replica
+  wakeBudgetSeconds  scaleToZero only; null -> startupSeconds (at most the gateway's limit), so
+                   a request waits as long as a cold start may take
 */}}
 {{- define "llmserve.autoscaling" -}}
 {{- $root := .root -}}
@@ -35,9 +37,17 @@ One pool's autoscaling, normalised and checked. (dict "root" $ "m" <normalised p
 {{- if and (eq $a.engine "hpa") (eq $min 0) -}}
 {{- fail (printf "%s: minReplicas=0 needs engine=keda (a HorizontalPodAutoscaler never scales to zero)" $where) -}}
 {{- end -}}
+{{- if $a.scaleToZero -}}
+{{- if kindIs "invalid" $a.wakeBudgetSeconds -}}
+{{- $_ := set $a "wakeBudgetSeconds" (min $startup (int (include "llmserve.wakeBudgetMax" $root))) -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $a.wakeBudgetSeconds) -}}
+{{- fail (printf "%s.wakeBudgetSeconds is set but minReplicas=%d: only a pool at zero makes requests wait for a replica" $where $min) -}}
+{{- end -}}
+{{- /* KEDA's cooldown is the wait before scaling to zero: it matters only at minReplicas 0. */ -}}
 {{- if kindIs "invalid" $a.cooldownSeconds -}}
 {{- $_ := set $a "cooldownSeconds" $startup -}}
-{{- else if and (eq $a.engine "keda") (lt (int $a.cooldownSeconds) $startup) -}}
+{{- else if and (eq $a.engine "keda") (eq $min 0) (lt (int $a.cooldownSeconds) $startup) -}}
 {{- fail (printf "%s.cooldownSeconds=%d is shorter than a cold start may take (startupProbe.periodSeconds x failureThreshold = %d x %d = %ds): a pool that scales down faster than it can start flaps" $where (int $a.cooldownSeconds) (int $m.startupProbe.periodSeconds) (int $m.startupProbe.failureThreshold) $startup) -}}
 {{- end -}}
 {{- if and (eq $a.engine "keda") (not $a.query) -}}

@@ -24,6 +24,9 @@ worker/rules.py, refuses a pipelineParallelSize that is not a multiple of multiN
 {{- $_ := set $m "dtype" ($m.dtype | default "auto") -}}
 {{- $_ := set $m "tensorParallelSize" (int ($m.tensorParallelSize | default 1)) -}}
 {{- $_ := set $m "pipelineParallelSize" (int ($m.pipelineParallelSize | default 1)) -}}
+{{- if and (hasKey .pool "replicas") ($m.autoscaling | default dict).enabled -}}
+{{- fail (printf "%s: replicas is set, but autoscaling.enabled: the autoscaler sets the count (give autoscaling.minReplicas/maxReplicas)" $where) -}}
+{{- end -}}
 {{- $_ := set $m "replicas" (int (ternary 1 $m.replicas (kindIs "invalid" $m.replicas))) -}}
 {{- $_ := set $m "port" (int $root.Values.workerDefaults.port) -}}
 {{- $_ := set $m "drainTimeoutSeconds" (include "llmserve.drainSeconds" (dict "root" $root "value" $m.drainTimeoutSeconds) | int) -}}
@@ -31,7 +34,7 @@ worker/rules.py, refuses a pipelineParallelSize that is not a multiple of multiN
 {{- $pp := $m.pipelineParallelSize -}}
 {{- $nodes := 1 -}}
 {{- if $m.multiNode -}}
-{{- $mn := merge (deepCopy $m.multiNode) (dict "masterPort" 29500 "restartPolicy" "RecreateGroupOnPodRestart" "startupPolicy" "LeaderCreated") -}}
+{{- $mn := merge (deepCopy $m.multiNode) (dict "masterPort" (int (include "llmserve.default.masterPort" $root)) "restartPolicy" "RecreateGroupOnPodRestart" "startupPolicy" "LeaderCreated") -}}
 {{- /* Not through merge: it would take an explicit false for unset. */ -}}
 {{- $_ := set $mn "distinctNodes" (ternary true $mn.distinctNodes (not (hasKey $mn "distinctNodes"))) -}}
 {{- $_ := set $m "multiNode" $mn -}}
@@ -76,6 +79,18 @@ two long pool names never collide. */ -}}
 {{- end -}}
 {{- $_ := set $seen $m.name true -}}
 {{- $pools = append $pools $m -}}
+{{- end -}}
+{{- /* A request names a model or an adapter: one name may not mean both (the gateway refuses
+GATEWAY_POOLS so too). */ -}}
+{{- $models := dict -}}
+{{- range $pools }}{{ $_ := set $models .servedModelName .name }}{{ end -}}
+{{- range $pools -}}
+{{- $pool := .name -}}
+{{- range .lora.adapters -}}
+{{- if hasKey $models .name -}}
+{{- fail (printf "models[%s].lora.adapters: %q is the model name of pool %s" $pool .name (get $models .name)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- toYaml (dict "pools" $pools) -}}
 {{- end -}}

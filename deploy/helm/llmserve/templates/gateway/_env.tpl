@@ -3,7 +3,7 @@ GATEWAY_* settings the chart manages; gateway.env may not set these (a second va
 setting would silently win or lose depending on order).
 */}}
 {{- define "llmserve.gateway.managedEnv" -}}
-GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS GATEWAY_POOLS GATEWAY_ADMIN_KEY GATEWAY_ADMIN_KEY_SHA256 GATEWAY_LORA__MAX_LORAS
+GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_TIMEOUTS__TOTAL_S GATEWAY_TIMEOUTS GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS GATEWAY_POOLS GATEWAY_ADMIN_KEY GATEWAY_ADMIN_KEY_SHA256 GATEWAY_LORA__MAX_LORAS
 {{- end -}}
 
 {{/*
@@ -55,14 +55,24 @@ and holds its requests up to the wake budget while a replica starts (docs/autosc
 {{- $a := include "llmserve.autoscaling" (dict "root" $ "m" .) | fromYaml }}
 {{- if $a.scaleToZero }}
 {{- $_ := set $layout "scale_to_zero" true }}
-{{- if not (kindIs "invalid" $a.wakeBudgetSeconds) }}
 {{- $_ := set $layout "wake_budget_s" (int $a.wakeBudgetSeconds) }}
 {{- end }}
+{{- /* Adapters its workers load at start: a gateway that has seen no replica yet (the pool
+parked at zero) knows them, and their requests wait for the pool rather than meet a 404. */}}
+{{- if .lora.adapters }}
+{{- $names := list }}
+{{- range .lora.adapters }}{{ $names = append $names .name }}{{ end }}
+{{- $_ := set $layout "adapters" $names }}
 {{- end }}
 {{- $layouts = append $layouts $layout }}
 {{- end }}
 - name: GATEWAY_POOLS
   value: {{ toJson $layouts | quote }}
+{{- /* The longest stream: the gateway ends a request at this, and the drains (and the grace
+periods after them) wait this long by default, so a drain never cuts a stream the gateway lets
+run. */}}
+- name: GATEWAY_TIMEOUTS__TOTAL_S
+  value: {{ .Values.maxStreamSeconds | int | toString | quote }}
 - name: GATEWAY_DRAIN_TIMEOUT_S
   value: {{ include "llmserve.drainSeconds" (dict "root" . "value" $g.drainTimeoutSeconds) | quote }}
 {{- if $g.apiKeys.enabled }}
