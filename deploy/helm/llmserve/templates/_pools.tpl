@@ -27,6 +27,15 @@ worker/rules.py, refuses a pipelineParallelSize that is not a multiple of multiN
 {{- if and (hasKey .pool "replicas") ($m.autoscaling | default dict).enabled -}}
 {{- fail (printf "%s: replicas is set, but autoscaling.enabled: the autoscaler sets the count (give autoscaling.minReplicas/maxReplicas)" $where) -}}
 {{- end -}}
+{{- /* Keys only KEDA reads, set on a pool that autoscales with an HPA, would be ignored. */ -}}
+{{- $own := .pool.autoscaling | default dict -}}
+{{- if and ($m.autoscaling | default dict).enabled (eq ($m.autoscaling.engine | default "keda") "hpa") -}}
+{{- range $key := list "prometheusAddress" "query" "pollingIntervalSeconds" "cooldownSeconds" "wakeBudgetSeconds" -}}
+{{- if and (hasKey $own $key) (not (kindIs "invalid" (get $own $key))) -}}
+{{- fail (printf "%s: autoscaling.%s is read by KEDA only, and this pool autoscales with engine=hpa" $where $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $_ := set $m "replicas" (int (ternary 1 $m.replicas (kindIs "invalid" $m.replicas))) -}}
 {{- $_ := set $m "port" (int $root.Values.workerDefaults.port) -}}
 {{- $_ := set $m "drainTimeoutSeconds" (include "llmserve.drainSeconds" (dict "root" $root "value" $m.drainTimeoutSeconds) | int) -}}
