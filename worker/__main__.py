@@ -3,7 +3,8 @@ print its command).
 
 Modes:
   run   (default) wait for the model, check the layout, run vLLM until SIGTERM, stop its group.
-  argv  print the vLLM command (argv + added env) as JSON and exit; starts nothing.
+  argv  check the settings against the model at WORKER_MODEL_PATH as `run` does, then print the
+        vLLM command `run` would start (argv + added env) as JSON and exit; starts nothing.
   plan  which TP/PP/DP layouts fit a model on a cluster (`llmserve-worker plan --help`).
 
 Every setting is a flag (``--tensor-parallel-size 2``) and an env var
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -24,6 +26,7 @@ from pydantic_settings import CliSettingsSource
 
 from worker.argv import build_command
 from worker.launcher import EngineStartError, Launcher, MarkerTimeout
+from worker.preflight import preflight
 from worker.settings import LWS_ENV, SettingsError, WorkerSettings, load_settings
 
 PROG = "llmserve-worker"
@@ -91,11 +94,17 @@ def main(args: Sequence[str] | None = None) -> int:
         _fail(EXIT_BAD_SETTINGS, str(exc))
     if passthrough:
         settings = settings.model_copy(update={"extra_args": [*settings.extra_args, *passthrough]})
-    command = build_command(settings)
 
     if mode == "argv":
-        print(json.dumps(command.to_json_dict(), indent=2))
+        # The checks `run` applies before it starts vLLM, so this prints the command `run` would
+        # start, or refuses what `run` would refuse (the model must be at WORKER_MODEL_PATH).
+        try:
+            settings = preflight(settings, os.environ)
+        except SettingsError as exc:
+            _fail(EXIT_BAD_SETTINGS, str(exc))
+        print(json.dumps(build_command(settings).to_json_dict(), indent=2))
         return 0
+    command = build_command(settings)
 
     logging.basicConfig(level=logging.INFO, format="worker: %(levelname)s %(message)s")
     try:

@@ -45,11 +45,9 @@ from pathlib import Path
 from types import FrameType
 
 from model_store.marker import is_complete, marker_path
-from worker.accelerators import check_accelerators, pod_accelerators
 from worker.argv import Command, build_command
 from worker.drain import DRAIN_FILE_ENV
-from worker.lora import check_adapters, with_rank
-from worker.model_checks import check_layout, read_model_shape
+from worker.preflight import preflight
 from worker.settings import WorkerSettings
 from worker.startup_cpus import release, startup_cpus
 
@@ -278,16 +276,12 @@ class Launcher:
         return True
 
     def preflight(self) -> None:
-        check_layout(self.settings, read_model_shape(self.settings.model_path))
-        check_accelerators(self.settings, pod_accelerators(self.settings, self.env))
-        if self.settings.lora_enabled:
-            adapters = check_adapters(self.settings)
-            resolved = with_rank(self.settings, adapters)
-            if resolved is not self.settings:
-                logger.info("LoRA: %d adapter(s) at start, --max-lora-rank %s", len(adapters),
-                            resolved.max_lora_rank)
-                self.settings = resolved
-                self.command = build_command(resolved)
+        resolved = preflight(self.settings, self.env)  # the checks `argv` applies too
+        if resolved is not self.settings:
+            logger.info("LoRA: %d adapter(s) at start, --max-lora-rank %s",
+                        len(resolved.lora_adapters), resolved.max_lora_rank)
+            self.settings = resolved
+            self.command = build_command(resolved)
 
     def startup(self) -> None:
         env = {**self.env, **self.command.env}

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,8 +140,11 @@ def test_rendered_worker_env_gives_the_intended_vllm_command(
                 )
 
 
-def test_worker_cli_prints_the_same_command_for_a_rendered_follower(render_case: Any) -> None:
-    """Through the real entry point (`python -m worker argv`), as a pod would run it."""
+def test_worker_cli_prints_the_same_command_for_a_rendered_follower(
+    render_case: Any, tmp_path: Path,
+) -> None:
+    """Through the real entry point (`python -m worker argv`), as a pod would run it: with the
+    model on its volume, since argv checks the layout against it as `run` does."""
     rel = render_case("preset:values-pp.yaml")
     follower = next(p for p in rel.worker_pods() if p.role == "follower")
     ((_rank, lws_env),) = lws_pods(follower)
@@ -147,6 +152,11 @@ def test_worker_cli_prints_the_same_command_for_a_rendered_follower(render_case:
     env.update(env_of(follower.container("worker")))
     env.update(lws_env)
     env["PYTHONPATH"] = str(REPO)
+    assert env["WORKER_MODEL_PATH"] == "/models/Llama-3.1-70B-Instruct/main"
+    model = tmp_path / "Llama-3.1-70B-Instruct" / "main"
+    model.mkdir(parents=True)
+    shutil.copy(REPO / "tests/worker/configs/Llama-3.1-70B-Instruct.json", model / "config.json")
+    env["WORKER_MODEL_PATH"] = str(model)
     done = subprocess.run(
         [sys.executable, "-m", "worker", "argv"],
         env=env,
@@ -157,7 +167,7 @@ def test_worker_cli_prints_the_same_command_for_a_rendered_follower(render_case:
     )
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
-    assert printed["argv"][:3] == ["vllm", "serve", "/models/Llama-3.1-70B-Instruct/main"]
+    assert printed["argv"][:3] == ["vllm", "serve", str(model)]
     got = flags(tuple(printed["argv"]))
     assert got["--node-rank"] == "1" and got["--headless"] is True and got["--nnodes"] == "2"
     assert got["--tensor-parallel-size"] == "8" and got["--pipeline-parallel-size"] == "2"

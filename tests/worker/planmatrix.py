@@ -10,10 +10,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from worker.accelerators import check_accelerators
 from worker.layout import read_spec
-from worker.model_checks import check_layout, read_model_shape
 from worker.plan import GPUS, Layout, build_parser, plan
+from worker.preflight import preflight
 from worker.rules import pod_gpus
 from worker.settings import WorkerSettings, load_settings
 
@@ -76,10 +75,12 @@ def feasible(path: Path, gpu: str, per_node: int, nodes: int, dtype: str | None,
 
 
 def worker_preflight(path: Path, settings: WorkerSettings, gpus: int) -> None:
-    """What the worker checks before it starts vLLM (worker/launcher.py), with `gpus` in the pod
-    and the model's config at `path`; raises SettingsError."""
-    check_accelerators(settings, gpus)
-    check_layout(settings, read_model_shape(path.parent if path.name == "config.json" else path))
+    """What the worker checks before it starts vLLM (worker/preflight.py), with `gpus` in the
+    pod (as the device plugin says, CUDA_VISIBLE_DEVICES) and the model's config at `path`;
+    raises SettingsError."""
+    model = path.parent if path.name == "config.json" else path
+    visible = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
+    preflight(settings.model_copy(update={"model_path": model}), visible)
 
 
 def worker_accepts(path: Path, pool: dict[str, Any]) -> None:

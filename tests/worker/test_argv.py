@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.worker.conftest import ModelDirFactory
 from worker.argv import Command, Host, build_command, derive_threads_bind
 from worker.settings import load_settings
 
@@ -180,11 +181,12 @@ def test_derive_threads_bind(ranks: int, cpus: tuple[int, ...], expected: str | 
     assert derive_threads_bind(ranks, cpus) == expected
 
 
-def test_cli_argv_mode_prints_what_build_command_builds() -> None:
+def test_cli_argv_mode_prints_what_build_command_builds(make_model_dir: ModelDirFactory) -> None:
     """`python -m worker argv` is the same function, so Helm tests can rely on its output."""
+    model = make_model_dir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "LWS_"))}
     env |= {
-        "WORKER_MODEL_PATH": "/models/smol",
+        "WORKER_MODEL_PATH": str(model),
         "WORKER_DEVICE": "cpu",
         "LWS_LEADER_ADDRESS": "leader",
         "LWS_WORKER_INDEX": "1",
@@ -200,7 +202,7 @@ def test_cli_argv_mode_prints_what_build_command_builds() -> None:
     )
     printed = json.loads(done.stdout)
     settings = load_settings(
-        model_path="/models/smol",
+        model_path=model,
         device="cpu",
         pipeline_parallel_size=2,
         nnodes=2,

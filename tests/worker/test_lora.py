@@ -158,6 +158,21 @@ def test_the_launcher_rebuilds_the_command_with_the_derived_rank(
     assert argv[argv.index("--max-lora-rank") + 1] == "32"
 
 
+def test_argv_prints_the_command_run_starts_with_its_derived_rank(
+    tmp_path: Path, make_model_dir: ModelDirFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = make_model_dir(BASE)
+    a = make_adapter(tmp_path / "a", rank=24)
+    s = load_settings(model_path=model, device="cpu", lora_adapters={"a": a})
+    launcher = Launcher(s, build_command(s))
+    launcher.preflight()
+    assert worker_main(["argv", "--model-path", str(model), "--device", "cpu",
+                        "--lora-adapters", f"a={a}"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == launcher.command.to_json_dict()
+    assert printed["argv"][printed["argv"].index("--max-lora-rank") + 1] == "32"
+
+
 def test_the_launcher_waits_for_every_adapter(
     tmp_path: Path, make_model_dir: ModelDirFactory
 ) -> None:

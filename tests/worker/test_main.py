@@ -46,18 +46,23 @@ def test_help_documents_every_setting() -> None:
 
 
 def test_flags_override_env(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    make_model_dir: ModelDirFactory,
 ) -> None:
-    monkeypatch.setenv("WORKER_MODEL_PATH", "/models/smol")
+    monkeypatch.setenv("WORKER_MODEL_PATH", str(make_model_dir()))
     monkeypatch.setenv("WORKER_PORT", "9000")
     assert main(["argv", "--port", "9100"]) == 0
     argv = json.loads(capsys.readouterr().out)["argv"]
     assert argv[argv.index("--port") + 1] == "9100"
 
 
-def test_arguments_after_double_dash_are_passed_to_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+def test_arguments_after_double_dash_are_passed_to_vllm(
+    capsys: pytest.CaptureFixture[str], make_model_dir: ModelDirFactory,
+) -> None:
+    model = str(make_model_dir())
     assert (
-        main(["argv", "--model-path", "/m", "--extra-args=--seed 7", "--", "--enforce-eager"]) == 0
+        main(["argv", "--model-path", model, "--extra-args=--seed 7", "--", "--enforce-eager"])
+        == 0
     )
     argv = json.loads(capsys.readouterr().out)["argv"]
     assert argv[-3:] == ["--seed", "7", "--enforce-eager"]
@@ -96,6 +101,29 @@ def test_layout_that_does_not_fit_the_model_exits_2(make_model_dir: ModelDirFact
         "llmserve-worker: error: WORKER_TENSOR_PARALLEL_SIZE=2: TP=2 does not divide 9 attention "
         f"heads of {model}/config.json; nearest valid: 1, 3"
     )
+
+
+@pytest.mark.parametrize(("mode", "args", "message"), [
+    *((mode, ("--tensor-parallel-size", "3"),
+       "WORKER_TENSOR_PARALLEL_SIZE=3: TP=3 does not divide 32 attention heads")
+      for mode in ("run", "argv")),
+    *((mode, ("--max-model-len", "9000"),
+       "WORKER_MAX_MODEL_LEN=9000 exceeds the model's maximum 8192") for mode in ("run", "argv")),
+    # `run` waits for a model that is not there yet (its marker); `argv` cannot wait.
+    ("argv", ("--model-path", "/nonexistent/model"),
+     "WORKER_MODEL_PATH=/nonexistent/model: cannot read"),
+])
+def test_argv_refuses_what_run_refuses(
+    make_model_dir: ModelDirFactory, mode: str, args: tuple[str, ...], message: str,
+) -> None:
+    """`argv` prints only a command `run` would start: the same checks, the same one line."""
+    model = make_model_dir("Llama", heads=32, kv_heads=8, layers=32)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
+    done = run_main(main, mode, "--model-path", str(model), "--device", "cpu", *args)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"llmserve-worker: error: {message}"), done.stderr
+    assert done.stderr.count("\n") == 1 and done.stdout == ""
 
 
 def test_incomplete_model_times_out_with_exit_1(make_model_dir: ModelDirFactory) -> None:
