@@ -47,6 +47,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from devstack.cli import Parser
 
 MODEL = "demo"
+FINGERPRINT = "fp-fake"  # vLLM's system_fingerprint, placed where vLLM places it
 _PROMPT_TOKENS = 5  # usage.prompt_tokens per prompt: the fake does not tokenize
 
 
@@ -96,6 +97,11 @@ class Behaviour(BaseSettings):
                                           "(vLLM's --max-num-seqs); later ones wait for a slot "
                                           "in arrival order, and their first token with them; "
                                           "0: no limit")
+    echo_other: bool = Field(False, description="answer any other path (an engine endpoint the "
+                                                "gateway forwards as it is) with a JSON echo of "
+                                                "the request, or, when its JSON body asks to "
+                                                "stream, an SSE stream without [DONE] (as the "
+                                                "Responses API's)")
     events_per_write: int = Field(1, ge=1, le=1024,
                                   description="SSE events per socket write (1: each its own write, "
                                               "like an engine)")
@@ -168,8 +174,10 @@ class _Answers:
             tok = _sse({**base, "choices": [{"index": 0, "delta": {"content": " tok"},
                                              "logprobs": None, "finish_reason": None}]})
             ev += [tok] * n
+            # As vLLM: the fingerprint on terminal chunks, or on the usage chunk when asked.
             ev.append(_sse({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                                 "finish_reason": "length"}]}))
+                                                 "finish_reason": "length"}],
+                            **({} if include_usage else {"system_fingerprint": FINGERPRINT})}))
         else:
             base = {"id": "cmpl-fake", "object": "text_completion", "created": 1, "model": m}
             # vLLM interleaves the prompts of a list token by token, each with its own index.
@@ -178,12 +186,14 @@ class _Answers:
             for _ in range(n):
                 ev += toks
             ev += [_sse({**base, "choices": [{"index": i, "text": "", "logprobs": None,
-                                              "finish_reason": "length"}]})
+                                              "finish_reason": "length"}],
+                         **({} if include_usage else {"system_fingerprint": FINGERPRINT})})
                    for i in range(prompts)]
         if continuous:
             ev = self._running_usage(ev, prompts)
         if include_usage:
-            ev.append(_sse({**base, "choices": [], "usage": self._usage(n, prompts)}))
+            ev.append(_sse({**base, "choices": [], "usage": self._usage(n, prompts),
+                            "system_fingerprint": FINGERPRINT}))
         ev.append(b"data: [DONE]\n\n")
         framed = [_chunk(e) for e in ev]
         if len(self._events) >= _CACHE_MAX:
@@ -236,10 +246,11 @@ class _Answers:
 
 
 class _Request:
-    __slots__ = ("body", "headers", "method", "path")
+    __slots__ = ("body", "headers", "method", "path", "query")
 
     def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
         self.method, self.path, self.headers, self.body = method, path, headers, body
+        self.query = ""
 
 
 class _BadRequest(Exception):
@@ -277,7 +288,10 @@ def _parse(buf: bytearray) -> _Request | None:
             return None
         body = bytes(buf[start:end])
     del buf[:end]
-    return _Request(method, target.split("?", 1)[0], headers, body)
+    path, _, query = target.partition("?")
+    req = _Request(method, path, headers, body)
+    req.query = query
+    return req
 
 
 def _dechunk(buf: bytearray, pos: int) -> tuple[bytes | None, int]:
@@ -374,6 +388,8 @@ class _Protocol(asyncio.Protocol):
                 self._write(_plain(200, b""))
             elif req.path == "/v1/models":
                 self._write(_plain(200, u.models_body))
+            elif u.behaviour.echo_other:
+                self._write(self._echo(req))
             else:
                 self._write(_plain(404, _error_body(f"no route {req.path}", "not_found_error")))
         except ConnectionError:
@@ -384,6 +400,30 @@ class _Protocol(asyncio.Protocol):
                 self.transport.close()
             elif self.buf:
                 self._next()
+
+    def _echo(self, req: _Request) -> bytes:
+        """The request as this upstream saw it, or a stream of three events that ends with the
+        body (no [DONE]), the last carrying its usage as the Responses API nests it."""
+        try:
+            asked = orjson.loads(req.body) if req.body else None
+        except orjson.JSONDecodeError:
+            asked = None
+        echo = {"served_by": self.u.behaviour.model, "method": req.method, "path": req.path,
+                "query": req.query, "content_type": req.headers.get("content-type", ""),
+                "body": req.body.decode("utf-8", "replace"),
+                "usage": {"prompt_tokens": 3, "total_tokens": 3, "completion_tokens": 0}}
+        if not (isinstance(asked, dict) and asked.get("stream") is True):
+            body = orjson.dumps(echo)
+            return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-echo: 1\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        events = [b"event: response.created\ndata: " + orjson.dumps(echo) + b"\n\n",
+                  b"event: response.output_text.delta\ndata: {\"delta\":\"hi\"}\n\n",
+                  b"event: response.completed\ndata: " + orjson.dumps(
+                      {"type": "response.completed", "response": {
+                          "usage": {"input_tokens": 3, "output_tokens": 2}}}) + b"\n\n"]
+        return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+                b"x-echo: 1\r\ntransfer-encoding: chunked\r\n\r\n"
+                + b"".join(_chunk(e) for e in events) + _END)
 
     def _write(self, data: bytes) -> None:
         if self.transport is None:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -13,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.api.admin import AdminAuthMiddleware, build_admin_routes
 from gateway.api.auth import AuthMiddleware
 from gateway.api.deps import ProxyDeps
+from gateway.api.endpoints import ENDPOINTS, Endpoint, match
 from gateway.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.api.openapi import openapi_schema
 from gateway.api.proxy import ProxyEndpoint
@@ -36,7 +38,7 @@ from gateway.settings import (
     wake_budgets,
 )
 from gateway.transport.h1 import H1Transport
-from gateway.transport.prober import HttpProber
+from gateway.transport.prober import HttpProber, ModelCard
 
 log = logging.getLogger("gateway")
 
@@ -52,25 +54,40 @@ async def every(period_s: float, step: Callable[[], Awaitable[object]], what: st
 
 
 class FastLane:
-    """POST /v1/chat/completions and /v1/completions go straight to the proxy; the rest to FastAPI,
+    """The engine endpoints (api/endpoints.py) go straight to the proxy; the rest to FastAPI,
     whose three wrappers of `send` would run once per SSE event and add nothing on this path (the
     proxy owns its error handling)."""
 
-    def __init__(self, app: ASGIApp, endpoints: dict[str, ProxyEndpoint]) -> None:
+    def __init__(self, app: ASGIApp, deps: ProxyDeps) -> None:
         self.app = app
-        self.endpoints = endpoints
+        # path -> (methods, their endpoint)
+        self.endpoints: dict[str, tuple[tuple[str, ...], ProxyEndpoint]] = {}
+        self._patterns: dict[Endpoint, tuple[tuple[str, ...], ProxyEndpoint]] = {}
+        for e in ENDPOINTS:
+            entry = (e.methods, ProxyEndpoint(deps, e))
+            if "{" in e.path:
+                self._patterns[e] = entry
+            else:
+                self.endpoints[e.path] = entry
 
     # Hands back the chosen app's awaitable: no frame of its own for every resume to pass through.
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         if scope["type"] == "http":
-            endpoint = self.endpoints.get(scope["path"])
-            if endpoint is not None:
-                if scope["method"] == "POST":
+            path = scope["path"]
+            entry = self.endpoints.get(path)
+            if entry is None:
+                pattern = match(path)
+                if pattern is not None:
+                    entry = self._patterns[pattern]
+            if entry is not None:
+                methods, endpoint = entry
+                if scope["method"] in methods:
                     return endpoint(scope, receive, send)
                 # Not a 404 from the framework, which has no route here: the path exists.
+                allow = ", ".join(methods)
                 return send_error(send, MethodNotAllowed(
-                    f"Method {scope['method']} is not allowed on {scope['path']}; use POST"
-                ), [(b"allow", b"POST")])
+                    f"Method {scope['method']} is not allowed on {path}; use {allow}"
+                ), [(b"allow", allow.encode())])
         return self.app(scope, receive, send)
 
 
@@ -86,9 +103,15 @@ class Core:
         adapters = Adapters(transport, settings.lora,
                             declared=declared_adapters(settings.pools))
         residency = Residency(adapters, settings.lora) if settings.lora.residency else None
+        # The engines' own model cards, the latest seen per model: /v1/models relays them.
+        self.engine_cards: dict[str, dict[str, Any]] = {}
+
+        def on_cards(url: str, cards: list[ModelCard]) -> None:
+            self.engine_cards.update((c.id, c.fields) for c in cards)
+            adapters.observe(url, cards)
+
         # Probes share the connect deadline: a replica that slow to accept is not one to route to.
-        prober = HttpProber(transport, max(settings.timeouts.connect_s, 1.0),
-                            on_cards=adapters.observe)
+        prober = HttpProber(transport, max(settings.timeouts.connect_s, 1.0), on_cards=on_cards)
         router = build_router(settings, prober, residency)
         adapters.attach(router)
         metrics = GatewayMetrics()
@@ -177,11 +200,8 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
             queued=admission.queued if admission is not None else lambda _: 0)
     app.include_router(
         build_routes(router, metrics, lambda: state.draining, settings.health_interval_s,
-                     layouts_by_model(settings.pools), adapters.parent_of))
-    lane = FastLane(app, {
-        "/v1/chat/completions": ProxyEndpoint(state, "/v1/chat/completions", "chat"),
-        "/v1/completions": ProxyEndpoint(state, "/v1/completions", "completion"),
-    })
+                     layouts_by_model(settings.pools), adapters.parent_of, core.engine_cards.get))
+    lane = FastLane(app, state)
     # Outermost first: request id, body limit, admin auth and API-key auth (each only when
     # configured), then the lanes.
     inner: ASGIApp = lane if keys is None else AuthMiddleware(lane, keys)

@@ -167,31 +167,28 @@ async def send_body(send: Send, status: int, body: bytes,
     await send({"type": "http.response.body", "body": body})
 
 
-def normalize_upstream_error(
+def upstream_error_body(
     status: int, body: bytes, warnings: RateLimitedLog, request_id: str = "-"
-) -> bytes:
-    """Give an engine's error body OpenAI's shape, whatever it was (vLLM versions differ); a body
-    that is not an error object goes to `warnings` instead."""
+) -> bytes | None:
+    """An engine's error answer as the client gets it: None when `body` is an error object
+    (vLLM's `{"error": {...}}`, or the flat `{"object": "error", ...}` of older versions), which
+    is relayed byte for byte; else the gateway's own error body. A body that is not an error
+    object (an HTML page from a proxy in front of the engine, say) is never relayed: it may name
+    internal hosts; `warnings` (the log) gets it."""
     try:
         data: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
         data = None
-    err = data.get("error") if isinstance(data, dict) else None
-    if not (isinstance(err, dict) and isinstance(err.get("message"), str)):
-        err = data  # older vLLM: {"object": "error", "message": ..., "type": ..., "code": 400}
-    if isinstance(err, dict) and isinstance(err.get("message"), str):
-        return error_body(err["message"], str(err.get("type") or _type_for(status)),
-                          _str_or_none(err.get("param")), _str_or_none(err.get("code")))
-    # Not an error object (an HTML page from a proxy in front of the engine, say): never relayed,
-    # the log has it.
+    if isinstance(data, dict):
+        err = data.get("error")
+        if not (isinstance(err, dict) and isinstance(err.get("message"), str)):
+            err = data
+        if isinstance(err.get("message"), str):
+            return None
     if body.strip():
         warnings.warning("request %s: upstream answered HTTP %d with a non-JSON body: %r",
                          request_id, status, body[:300])
     return error_body(f"upstream returned HTTP {status}", _type_for(status), None, None)
-
-
-def _str_or_none(v: object) -> str | None:
-    return None if v is None else str(v)
 
 
 def _type_for(status: int) -> str:

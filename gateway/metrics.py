@@ -189,8 +189,9 @@ class ModelSeries:
         self.output_tokens = m.output_tokens.labels(model)
         self.usage_invalid = m.usage_invalid.labels(model)
         self._requests = m.requests
-        # (backend, status) -> child: bounded by the pool's backends times the statuses seen.
-        self._requests_by: dict[tuple[str, str], CounterValue] = {}
+        # (endpoint, backend, status) -> child: bounded by the endpoints, the pool's backends and
+        # the statuses seen.
+        self._requests_by: dict[tuple[str, str, str], CounterValue] = {}
 
     def tenant_used(self, tenant: str, prompt_tokens: int, completion_tokens: int) -> None:
         """An adapter's tokens charged to `tenant` (a no-op for a base model)."""
@@ -204,12 +205,12 @@ class ModelSeries:
         pair[0].inc(prompt_tokens)
         pair[1].inc(completion_tokens)
 
-    def request(self, backend: str, status: str) -> None:
-        """Count one proxied request by its backend and final status."""
-        child = self._requests_by.get((backend, status))
+    def request(self, endpoint: str, backend: str, status: str) -> None:
+        """Count one proxied request by its endpoint, backend and final status."""
+        child = self._requests_by.get((endpoint, backend, status))
         if child is None:
-            child = self._requests_by[backend, status] = self._requests.labels(
-                self.model, backend, status)
+            child = self._requests_by[endpoint, backend, status] = self._requests.labels(
+                self.model, endpoint, backend, status)
         child.inc()
 
 
@@ -264,8 +265,9 @@ class GatewayMetrics:
         )
         self.requests = LoopCounter(
             "llmserve_requests",
-            "Proxied requests by model, backend and final status",
-            ["model", "backend", "status"],
+            "Proxied requests by model, engine endpoint (its path as the engine declares it), "
+            "backend and final status",
+            ["model", "endpoint", "backend", "status"],
             registry=r,
         )
         # Read from uvicorn's set of request tasks at scrape time (gateway/server.py).

@@ -12,23 +12,32 @@ from typing import Any
 import orjson
 
 
-def usage_counts(usage: Any) -> tuple[int, int] | None:
+def usage_counts(usage: Any, lenient: bool = False) -> tuple[int, int] | None:
     """(prompt_tokens, completion_tokens) from a `usage` object, or None when it is not a
-    mapping of two non-negative integers (bools are not counts)."""
+    mapping of two non-negative integers (bools are not counts).
+
+    `lenient`, for the endpoints other than the completions: the Responses and Messages APIs'
+    names (input_tokens, output_tokens) too, and no generated tokens where the answer reports
+    none (embeddings, score, rerank)."""
     if not isinstance(usage, dict):
         return None
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
+    if lenient:
+        if prompt is None:
+            prompt = usage.get("input_tokens")
+        if completion is None:
+            completion = usage.get("output_tokens", 0)
     if (type(prompt) is not int or type(completion) is not int  # type(), not isinstance: bools
             or prompt < 0 or completion < 0):
         return None
     return prompt, completion
 
 
-def body_usage(body: bytes) -> tuple[int, int] | None:
+def body_usage(body: bytes, lenient: bool = False) -> tuple[int, int] | None:
     """`usage_counts` of a whole JSON answer; None when the body is not a JSON object."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    return usage_counts(obj.get("usage")) if isinstance(obj, dict) else None
+    return usage_counts(obj.get("usage"), lenient) if isinstance(obj, dict) else None

@@ -39,6 +39,7 @@ class AdminAuthMiddleware(AuthMiddleware):
     """Every /admin/ request carries the admin key (its SHA-256 is `digest`), or gets a 401."""
 
     prefix = "/admin/"
+    paths = frozenset()
     missing = AuthenticationFailed(
         "The admin API needs the admin key in the Authorization header as 'Bearer <key>'.")
     invalid = AuthenticationFailed("Incorrect admin key provided.")

@@ -8,7 +8,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from starlette.types import Scope
+
+from gateway.api.endpoints import Endpoint
 from gateway.api.inflight import InFlight
+from gateway.api.schemas import ParsedRequest
 from gateway.errors import RateLimitedLog
 from gateway.flow.admission import Admission
 from gateway.flow.batcher import Batcher
@@ -17,6 +21,22 @@ from gateway.routing.router import Router
 from gateway.routing.wake import WakeGate
 from gateway.settings import GatewaySettings
 from gateway.transport.base import Transport
+
+# Asked before routing a request to an endpoint marked `pinnable` (api/endpoints.py): the URL of
+# the backend that must answer it (the replica holding its state), or None to route it as usual.
+# It may raise a GatewayError to answer the request itself (a 404 for an unknown id, say).
+PinHook = Callable[[Endpoint, ParsedRequest, Scope], str | None]
+# Told, for a `pinnable` endpoint's 200 answers, which backend URL answered and the answer's
+# first bytes (the whole body, or a stream's first events): where its state now lives.
+AnswerHook = Callable[[Endpoint, ParsedRequest, str, bytes], None]
+
+
+def no_pin(_endpoint: Endpoint, _req: ParsedRequest, _scope: Scope) -> str | None:
+    return None
+
+
+def no_answer(_endpoint: Endpoint, _req: ParsedRequest, _url: str, _first: bytes) -> None:
+    return None
 
 
 @dataclass(slots=True)
@@ -34,6 +54,8 @@ class ProxyDeps:
     # A LoRA adapter's base model (None for a base model): its requests share the base's
     # admission pool, since they run on the base's engines (routing/adapters.py).
     parent_of: Callable[[str], str | None] = field(default=lambda _: None)
+    pin: PinHook = no_pin
+    answered: AnswerHook = no_answer
     # Why a client saw a 502/504 (which replica, what it said), and engines' error bodies that
     # were not error objects: rate-limited, not a line per request.
     failures: RateLimitedLog = field(

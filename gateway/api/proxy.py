@@ -1,5 +1,5 @@
-"""The hot path's entry: one OpenAI completion request, streamed or not, as a raw ASGI endpoint
-(a FastAPI route would wrap every SSE event in Starlette's response machinery).
+"""The hot path's entry: one request to an engine endpoint (api/endpoints.py), streamed or not, as a
+raw ASGI endpoint (a FastAPI route would wrap every SSE event in Starlette's response machinery).
 
 It keeps the request's lifecycle: its body, admission (flow control), and its end however it comes:
 - a client disconnect at any point cancels the request, and the upstream connection is closed,
@@ -14,16 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.api.deps import ProxyDeps
+from gateway.api.endpoints import Endpoint
 from gateway.api.forward import Forwarder
 from gateway.api.inflight import DRAIN_EXPIRED, Exchange
-from gateway.api.schemas import Kind, ParsedRequest, encoding_error, parse_request
+from gateway.api.schemas import ParsedRequest, encoding_error, parse_other, parse_request
 from gateway.api.splice import WRITER_KEY, ClientWriter
 from gateway.errors import GatewayError, InvalidRequest, send_error, sse_error_event
 from gateway.flow.door import admit
+from gateway.routing.router import Router
 
 log = logging.getLogger("gateway.proxy")
 
@@ -44,18 +47,43 @@ async def read_body(receive: Receive) -> bytes:
             return b"".join(chunks) if len(chunks) != 1 else chunks[0]
 
 
+def _content_type(scope: Scope) -> bytes:
+    for k, v in scope["headers"]:
+        if k == b"content-type":
+            return bytes(v)
+    return b""
+
+
+def default_model(router: Router, parent_of: Callable[[str], str | None]) -> str:
+    """The model a request without one goes to: the one base model served, as an engine serving
+    it would use its own; with several, the request must say which (OpenAI's 400)."""
+    bases = [m for m in router.models() if parent_of(m) is None]
+    if len(bases) == 1:
+        return bases[0]
+    raise InvalidRequest(
+        "model is required: this gateway serves " + (
+            f"{len(bases)} models ({', '.join(bases)})" if bases else "no model yet"),
+        param="model")
+
+
 class ProxyEndpoint:
-    def __init__(self, deps: ProxyDeps, path: str, kind: Kind) -> None:
+    def __init__(self, deps: ProxyDeps, endpoint: Endpoint) -> None:
         self._d = deps
-        self._kind = kind
-        self._forward = Forwarder(deps, path, kind).forward
+        self._endpoint = endpoint
+        self._kind = endpoint.kind
+        self._forward = Forwarder(deps, endpoint).forward
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
             raw = await read_body(receive)
-            req = parse_request(raw, self._kind)
+            if self._kind == "other":
+                req = parse_other(raw, self._endpoint, _content_type(scope))
+                if not req.model and self._endpoint.route != "any":
+                    req.model = default_model(self._d.router, self._d.parent_of)
+            else:
+                req = parse_request(raw, self._kind)
         except ClientGone:
             return
         except GatewayError as exc:
@@ -111,7 +139,7 @@ class ProxyEndpoint:
             admitted = await admit(d.flow, d.router, d.wake, d.parent_of, req.model,
                                    scope.get("state", {}).get("api_key"), scope["headers"])
         except GatewayError as exc:
-            d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
+            d.metrics.requests.labels(req.model, self._endpoint.label, "", str(exc.status)).inc()
             await send_error(send, exc)
             return
         if admitted is None:

@@ -14,7 +14,7 @@ from starlette.types import Scope
 
 from gateway.api.deps import ProxyDeps
 from gateway.api.schemas import ParsedRequest
-from gateway.errors import GatewayError, ModelNotFound, Unavailable, UpstreamFailed
+from gateway.errors import GatewayError, ModelNotFound, NotFound, Unavailable, UpstreamFailed
 from gateway.flow.batcher import UpstreamCall
 from gateway.routing.backend import Backend
 from gateway.routing.policy import RouteRequest
@@ -25,21 +25,47 @@ DRAINING_CODE = "draining"
 T = TypeVar("T")
 
 
-def route_request(req: ParsedRequest, scope: Scope, session_header: bytes) -> RouteRequest:
+def route_request(req: ParsedRequest, scope: Scope, session_header: bytes,
+                  fields: tuple[str, ...]) -> RouteRequest:
     """What an affinity policy routes by: an explicit session key (header, else the OpenAI `user`
-    field) and the prompt's bytes from its start, in a form where turn N+1 extends turn N."""
+    field) and the prompt's bytes from its start (the first of the endpoint's prompt `fields`
+    the body has), in a form where turn N+1 extends turn N."""
     for name, value in scope["headers"]:
         if name == session_header:
             return RouteRequest(req.model, value.decode("latin-1"))
-    user = req.body.get("user")
+    body = req.body
+    user = body.get("user")
     if isinstance(user, str) and user:
         return RouteRequest(req.model, user)
-    if req.kind == "chat":
-        prefix = orjson.dumps(req.body["messages"])
-    else:
-        prompt = req.body["prompt"]
-        prefix = prompt.encode() if isinstance(prompt, str) else orjson.dumps(prompt)
-    return RouteRequest(req.model, None, prefix)
+    for field in fields:
+        prompt = body.get(field)
+        if prompt is not None:
+            return RouteRequest(req.model, None, prompt.encode() if isinstance(prompt, str)
+                                else orjson.dumps(prompt))
+    return RouteRequest(req.model, None)
+
+
+def any_model(d: ProxyDeps) -> str:
+    """For a request that names no model and may go to any replica: the model with the most
+    available replicas (the first by name among equals)."""
+    replicas = d.router.replicas()
+    best = max(sorted(replicas), key=lambda m: replicas[m], default=None)
+    if best is None or not replicas[best]:
+        raise Unavailable("no healthy replica", retry_after=d.settings.health_interval_s)
+    return best
+
+
+def pinned(d: ProxyDeps, url: str) -> Backend:
+    """The backend at `url`, which a pin hook (ProxyDeps.pin) chose; a 404 when it is no longer
+    one the gateway knows (its state went with it), a 503 while it is unavailable."""
+    found = d.router.available_at(url)
+    if found is None:
+        raise NotFound("the replica that held this request's state is gone")
+    if found is False:
+        raise Unavailable("the replica that holds this request's state is unavailable",
+                          retry_after=d.settings.health_interval_s)
+    assert isinstance(found, Backend)
+    return found
 
 
 def check_answer(d: ProxyDeps, backend: Backend, status: int, body: bytes) -> None:
@@ -63,8 +89,8 @@ def check_answer(d: ProxyDeps, backend: Backend, status: int, body: bytes) -> No
 
 
 async def try_replicas(
-    d: ProxyDeps, model: str, tried: list[Backend], attempt: Callable[[Backend], Awaitable[T]],
-    route: RouteRequest | None = None,
+    d: ProxyDeps, model: str, endpoint: str, tried: list[Backend],
+    attempt: Callable[[Backend], Awaitable[T]], route: RouteRequest | None = None,
 ) -> T:
     """Run `attempt` on `model`'s replicas in turn (each added to `tried`, acquired while it runs)
     until one returns. A GatewayError from it (the client has seen nothing) is booked against that
@@ -123,6 +149,6 @@ def make_upstream_call(d: ProxyDeps, path: str) -> UpstreamCall:
             d.router.report_success(backend)
             return resp.status, raw, backend.url
 
-        return await try_replicas(d, model, [], attempt)
+        return await try_replicas(d, model, path, [], attempt)
 
     return call

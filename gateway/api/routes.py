@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
@@ -18,26 +19,33 @@ from gateway.settings import PoolLayout
 def build_routes(
     router: Router, metrics: GatewayMetrics, draining: Callable[[], bool], retry_after_s: float,
     layouts: dict[str, PoolLayout], parent_of: Callable[[str], str | None],
+    engine_cards: Callable[[str], dict[str, Any] | None] = lambda _: None,
 ) -> APIRouter:
     api = APIRouter()
     created = int(time.time())
 
     @api.get("/v1/models")
     async def list_models() -> JSONResponse:
-        # Models with an available replica. `llmserve` (an extension OpenAI clients ignore): live
-        # replicas and the configured layout, so a benchmark report can say what it measured.
-        # A LoRA adapter names its base model as `parent`, as vLLM lists it.
+        # Models with an available replica, each card as its engine wrote it (max_model_len, root,
+        # permission: clients size prompts from max_model_len), plus `llmserve` (an extension
+        # OpenAI clients ignore): live replicas and the configured layout, so a benchmark report
+        # can say what it measured. A model no replica has listed yet (a pool at zero) gets a
+        # card of the gateway's; a LoRA adapter names its base model as `parent`, as vLLM does.
         replicas = router.replicas()
         data = []
         for m in router.models():
             info: dict[str, int] = {"replicas": replicas.get(m, 0)}
             if m in layouts:
                 info.update(layouts[m].model_dump(include={"tp", "pp", "nodes"}))
-            card: dict[str, object] = {"id": m, "object": "model", "created": created,
-                                       "owned_by": "llmserve"}
-            parent = parent_of(m)
-            if parent is not None:
-                card["parent"] = parent
+            engine = engine_cards(m)
+            card: dict[str, object]
+            if engine is not None:
+                card = dict(engine)
+            else:
+                card = {"id": m, "object": "model", "created": created, "owned_by": "llmserve"}
+                parent = parent_of(m)
+                if parent is not None:
+                    card["parent"] = parent
             card["llmserve"] = info
             data.append(card)
         return JSONResponse({"object": "list", "data": data})

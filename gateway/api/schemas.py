@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
+from gateway.api.endpoints import Endpoint, Kind
+from gateway.api.form import form_fields
 from gateway.errors import InvalidRequest, UnsupportedMediaType
-
-Kind = Literal["chat", "completion"]
 
 # The sampling fields checked here (api/openapi.py documents them from the same tables).
 COUNTS = ("max_tokens", "max_completion_tokens", "n")  # integers >= 1
@@ -110,6 +110,47 @@ def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
         if v is not None and (type(v) not in (int, float) or not lo <= v <= hi):
             raise InvalidRequest(f"{name} must be a number between {lo:g} and {hi:g}", param=name)
     return ParsedRequest(kind, body, model, stream, wants_usage)
+
+
+_FORM_FIELDS = frozenset(("model", "stream"))
+# The strings pydantic's lax mode (vLLM's request models) reads as booleans.
+_TRUE = frozenset(("1", "on", "t", "true", "y", "yes"))
+
+
+def lax_true(v: object) -> bool:
+    """True where vLLM's request models would read `v` as true (a bool, 1, or a string such as
+    "true" or "yes"); anything else, wrong types included, is false here and the engine's to
+    judge."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int | float):
+        return v == 1
+    return isinstance(v, str) and v.strip().lower() in _TRUE
+
+
+def parse_other(raw: bytes, endpoint: Endpoint, content_type: bytes) -> ParsedRequest:
+    """What the gateway reads of a request to an engine endpoint other than the completions:
+    the model it routes by and whether the answer streams. Nothing is refused here: a body the
+    gateway cannot read has no model (routed to the one served model, if one is, whose engine
+    answers for the body), and every other field is the engine's to validate."""
+    body: dict[str, Any] = {}
+    if endpoint.route == "form":
+        fields = form_fields(content_type, raw, _FORM_FIELDS)
+        model = fields.get("model", "")
+        stream = lax_true(fields.get("stream"))
+    else:
+        if endpoint.route == "body" and raw:
+            try:
+                parsed = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, dict):
+                body = parsed
+        m = body.get("model")
+        model = m if isinstance(m, str) else ""
+        stream = lax_true(body.get("stream"))
+    # Nothing is asked on the client's behalf, so nothing is stripped: the relay passes all.
+    return ParsedRequest(endpoint.kind, body, model, stream, True)
 
 
 def encoding_error(headers: Iterable[tuple[bytes, bytes]]) -> UnsupportedMediaType | None:

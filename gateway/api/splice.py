@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from gateway.api.sse import DONE_EVENT, EVENT_END, USAGE_KEY, Usage
+from gateway.api.sse import DONE_EVENT, EVENT_END, FINISH_KEY, USAGE_KEY, Usage, stamp_fingerprint
 
 # The key under which a server offers a ClientWriter in `scope["state"]`.
 WRITER_KEY = "llmserve.client_writer"
@@ -66,20 +66,27 @@ class Splice:
     """`feed` is the sink the upstream transport calls with each read's body.
 
     Chunks are forwarded as they arrive. Held back are only a trailing partial event, until its end
-    arrives, and the usage event the client did not ask for (api/sse.py). `gaps` has one entry per
-    event: the TTFT first, then the gap since the previous chunk (0 within a chunk). `feed` stops
+    arrives, the usage event the client did not ask for (api/sse.py), and, while that event is
+    awaited, a chunk with a terminal event (finish_reason set): vLLM moves `system_fingerprint`
+    from the terminal events to the usage event when usage is asked for, so the gateway puts it
+    back where the client, who did not ask, would have found it (`deferred`).
+
+    `gaps` has one entry per event: the TTFT first, then the gap since the previous chunk (0
+    within a chunk). `feed` stops
     (returns False) at the chunk holding `[DONE]` (kept in `final`), when the client's buffer is
     full (`blocked`), and, until `write_directly`, at each chunk (kept in `held` for the task).
     """
 
-    __slots__ = ("_write", "_writer", "blocked", "final", "gaps", "held", "last", "pending",
-                 "saw_done", "usage")
+    __slots__ = ("_stamp", "_write", "_writer", "blocked", "deferred", "final", "gaps", "held",
+                 "last", "pending", "saw_done", "usage")
 
     # Set with `_write` by write_directly, and read only when it was.
     _writer: ClientWriter
 
-    def __init__(self, started: float, strip_usage: bool) -> None:
-        self.usage = Usage(strip_usage)
+    def __init__(self, started: float, strip_usage: bool, lenient_usage: bool = False) -> None:
+        self.usage = Usage(strip_usage, lenient_usage)
+        self._stamp = strip_usage
+        self.deferred = b""
         self.pending = b""
         self.saw_done = False
         self._write: Callable[[bytes], object] | None = None
@@ -103,17 +110,23 @@ class Splice:
         # find(), not `in`: for bytes, `in` first tries its operand as an integer, and raises and
         # clears a TypeError on every call.
         if chunk.find(USAGE_KEY) >= 0:
-            chunk = self.usage.take(chunk)
+            chunk = self._with_usage(chunk, now)
             if not chunk:
                 return True  # the usage event alone, stripped
-        self.gaps.append(now - self.last)
-        self.last = now
-        extra = chunk.count(EVENT_END) - 1
-        if extra:
-            self.gaps += [0.0] * extra
+        else:
+            self.gaps.append(now - self.last)
+            self.last = now
+            extra = chunk.count(EVENT_END) - 1
+            if extra:
+                self.gaps += [0.0] * extra
+            if self._stamp and chunk.find(FINISH_KEY) >= 0:
+                self.deferred += chunk  # until the usage event brings the fingerprint
+                return True
         if chunk.endswith(DONE_EVENT):
             self.saw_done = True
-            self.final = chunk
+            # Terminal events still deferred (an upstream that sent no usage) go before [DONE].
+            self.final = self.deferred + chunk if self.deferred else chunk
+            self.deferred = b""
             return False
         write = self._write
         if write is None:
@@ -128,9 +141,35 @@ class Splice:
             return False
         return True
 
+    def _with_usage(self, chunk: bytes, now: float) -> bytes:
+        """A chunk holding a usage marker: the usage recorded (and its event dropped when the
+        client did not ask for it), the gaps of the events left counted, and the deferred
+        terminal events released before them, stamped with the usage event's fingerprint."""
+        chunk = self.usage.take(chunk)
+        if chunk:
+            self.gaps.append(now - self.last)
+            self.last = now
+            extra = chunk.count(EVENT_END) - 1
+            if extra:
+                self.gaps += [0.0] * extra
+        if self._stamp:
+            chunk = self.deferred + chunk
+            self.deferred = b""
+            fingerprint = self.usage.fingerprint
+            if fingerprint is not None and chunk.find(FINISH_KEY) >= 0:
+                chunk = stamp_fingerprint(chunk, fingerprint)
+        return chunk
+
     def flush(self) -> bytes:
-        """At upstream EOF: whatever partial event is left (a well-formed stream leaves none)."""
-        rest, self.pending = self.pending, b""
+        """At upstream EOF: the terminal events still deferred and whatever partial event is
+        left (a well-formed stream leaves neither)."""
+        rest = self.deferred + self.pending
+        self.deferred = self.pending = b""
+        return rest
+
+    def take_deferred(self) -> bytes:
+        """The terminal events still deferred (whole events): before an in-band error."""
+        rest, self.deferred = self.deferred, b""
         return rest
 
     def _whole_events(self, chunk: bytes) -> bytes:

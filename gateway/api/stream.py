@@ -18,6 +18,7 @@ from starlette.types import Send
 
 from gateway.api.accounting import count_usage, log_failure
 from gateway.api.deps import ProxyDeps
+from gateway.api.endpoints import Endpoint
 from gateway.api.inflight import Exchange
 from gateway.api.schemas import ParsedRequest
 from gateway.api.splice import Splice
@@ -40,23 +41,33 @@ CHUNKED_SSE_HEADERS = [*SSE_HEADERS, (b"transfer-encoding", b"chunked")]
 async def relay_stream(
     d: ProxyDeps, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
     ex: Exchange, pool: Pool | None, tenant: Tenant | None, dispatched: float,
+    endpoint: Endpoint, head: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    """Relay one upstream SSE stream whose head said 200 (module docstring)."""
+    """Relay one upstream SSE stream whose head said 200 (module docstring). `head`: the
+    engine's own response headers, relayed (the completions answer with the gateway's SSE head).
+    A completion stream ends with [DONE]; another endpoint's (Responses, Messages) where its body
+    ends."""
     started = ex.started
     loop = asyncio.get_running_loop()
-    splice = Splice(started, strip_usage=not req.client_wants_usage)
+    completion = endpoint.kind != "other"
+    splice = Splice(started, strip_usage=not req.client_wants_usage, lenient_usage=not completion)
     feed = splice.feed
     # Hold the head until the first event: until then a failure may still be retried.
     await resp.push(feed)
     if not (splice.held or splice.final):
         raise UpstreamFailed("replica closed the stream before its first event")
     d.router.report_success(backend)
+    if endpoint.pinnable:
+        d.answered(endpoint, req, backend.url, splice.held or splice.final)
     if pool is not None and d.flow is not None:
         # The engine's own TTFT (dispatch -> first event): what the adaptive limit steers.
         pool.sample(d.flow.clock() - dispatched, dispatched)
     writer = ex.writer
-    await send({"type": "http.response.start", "status": 200,
-                "headers": SSE_HEADERS if writer is None else CHUNKED_SSE_HEADERS})
+    if head is None:
+        headers = SSE_HEADERS if writer is None else CHUNKED_SSE_HEADERS
+    else:
+        headers = head if writer is None else [*head, (b"transfer-encoding", b"chunked")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     ex.head_sent = True
     if writer is not None:
         splice.write_directly(writer)
@@ -76,6 +87,8 @@ async def relay_stream(
                 await writer.drain()
             await resp.push(feed)
             if not (splice.held or splice.blocked or splice.saw_done):
+                if not completion:
+                    break  # the body ended: such a stream is whole without [DONE]
                 raise UpstreamFailed("replica ended the stream without [DONE]")
         await send({"type": "http.response.body", "body": splice.final + splice.flush(),
                     "more_body": False})
@@ -86,8 +99,9 @@ async def relay_stream(
         d.router.report_failure(backend)
         log_failure(d.failures, ex, exc)
         status = str(exc.status)
-        await send({"type": "http.response.body", "body": sse_error_event(exc),
-                    "more_body": False})
+        # Terminal events deferred for the fingerprint are the client's tokens: sent first.
+        await send({"type": "http.response.body",
+                    "body": splice.take_deferred() + sse_error_event(exc), "more_body": False})
     except BaseException:
         # The drain's timeout, or the client closed the request (disconnect cancels this task).
         status = "503" if ex.expired else "499"
@@ -100,21 +114,24 @@ async def relay_stream(
         series = m.series(req.model)
         e2e = loop.time() - started
         ttft = splice.gaps[0]
-        series.ttft.observe(ttft)
-        series.e2e.observe(e2e)
-        # ITL: the gaps after the first event's. vllm bench serve counts no gap for [DONE] nor
-        # the usage-only event: both come last, so they are the last entries.
-        itl = splice.gaps[1:]
-        if splice.saw_done:
-            del itl[max(0, len(itl) - (2 if req.client_wants_usage else 1)):]
-        series.itl.observe_many(itl)
         counts = splice.usage.counts
-        if counts is not None and counts[1] > 1:
-            series.tpot.observe((e2e - ttft) / (counts[1] - 1))
-        series.request(backend.url, status)
+        if endpoint.generative:
+            series.ttft.observe(ttft)
+            series.e2e.observe(e2e)
+        if completion:
+            # ITL: the gaps after the first event's. vllm bench serve counts no gap for [DONE]
+            # nor the usage-only event: both come last, so they are the last entries. (Other
+            # streams send several events per token: their gaps are not token gaps.)
+            itl = splice.gaps[1:]
+            if splice.saw_done:
+                del itl[max(0, len(itl) - (2 if req.client_wants_usage else 1)):]
+            series.itl.observe_many(itl)
+            if counts is not None and counts[1] > 1:
+                series.tpot.observe((e2e - ttft) / (counts[1] - 1))
+        series.request(endpoint.label, backend.url, status)
         if counts is not None:
             count_usage(m, req.model, tenant, counts)
-        elif complete:  # a cut stream may just not have reached its usage yet
+        elif complete and endpoint.usage:  # a cut stream may not have reached its usage yet
             series.usage_invalid.inc()
         elif tenant is not None:
             # Cut before its usage (the client hung up, the replica broke): the key is charged

@@ -8,9 +8,10 @@ from starlette.types import Send
 
 from gateway.api.accounting import count_usage, log_failure
 from gateway.api.deps import ProxyDeps
+from gateway.api.endpoints import COMPLETIONS, Endpoint
 from gateway.api.inflight import Exchange
 from gateway.api.schemas import ParsedRequest
-from gateway.errors import GatewayError, normalize_upstream_error, send_body, send_error
+from gateway.errors import GatewayError, send_body, send_error, upstream_error_body
 from gateway.flow.admission import Pool
 from gateway.flow.batcher import Batcher
 from gateway.flow.tenants import Tenant
@@ -22,17 +23,27 @@ from gateway.usage import body_usage
 async def relay_whole(
     d: ProxyDeps, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
     started: float, tenant: Tenant | None, pool: Pool | None, dispatched: float,
+    endpoint: Endpoint, head: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    """Relay a replica's whole 200 answer, and count its tokens."""
+    """Relay a replica's whole 200 answer (with the engine's own headers, `head`, when given),
+    and count its tokens."""
     body = await resp.read()
     done = d.flow.clock() if pool is not None and d.flow is not None else 0.0
     d.router.report_success(backend)
-    await send_body(send, 200, body)
+    if endpoint.pinnable:
+        d.answered(endpoint, req, backend.url, body)
+    if head is None:
+        await send_body(send, 200, body)
+    else:
+        await send_body(send, 200, body, head)
     m = d.metrics
     series = m.series(req.model)
-    series.e2e.observe(asyncio.get_running_loop().time() - started)
-    series.request(backend.url, "200")
-    counts = body_usage(body)
+    if endpoint.generative:
+        series.e2e.observe(asyncio.get_running_loop().time() - started)
+    series.request(endpoint.label, backend.url, "200")
+    if not endpoint.usage:
+        return
+    counts = body_usage(body, lenient=endpoint.kind == "other")
     count_usage(m, req.model, tenant, counts)
     if pool is not None and counts is not None:
         # The other request class: the whole latency, judged per generated token.
@@ -47,17 +58,17 @@ async def answer_batched(
     try:
         result = await batcher.submit(req.model, req.body, key)
     except GatewayError as exc:
-        d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
+        d.metrics.requests.labels(req.model, COMPLETIONS.label, "", str(exc.status)).inc()
         log_failure(d.failures, ex, exc)
         await send_error(send, exc)
         return
     body = result.body
     if result.status != 200:
-        body = normalize_upstream_error(result.status, body, d.upstream_bodies, ex.rid)
+        body = upstream_error_body(result.status, body, d.upstream_bodies, ex.rid) or body
     await send_body(send, result.status, body)
     m = d.metrics
     # Once per client request, not per upstream call: a batch of N answers N requests.
-    m.requests.labels(req.model, result.backend, str(result.status)).inc()
+    m.requests.labels(req.model, COMPLETIONS.label, result.backend, str(result.status)).inc()
     if result.status == 200:
         m.e2e.labels(req.model).observe(asyncio.get_running_loop().time() - ex.started)
         count_usage(m, req.model, tenant, result.usage)

@@ -86,7 +86,7 @@ class Answer:
         if pick.model:  # a made-up or absent name must not create series
             series = d.metrics.series(pick.model)
             series.e2e.observe(self._clock() - self._started)
-            series.request(pick.backend.url, str(self.status) if complete else "499")
+            series.request(pick.endpoint, pick.backend.url, str(self.status) if complete else "499")
 
     def _book(self, complete: bool) -> None:
         d = self._d

@@ -19,9 +19,10 @@ import orjson
 
 from gateway.api.auth import AuthMiddleware, bearer_token
 from gateway.api.deps import ProxyDeps
+from gateway.api.endpoints import CHAT, COMPLETIONS, Kind
 from gateway.api.forward import ask_usage
 from gateway.api.replicas import no_replica, route_request
-from gateway.api.schemas import Kind, ParsedRequest, encoding_error, parse_request
+from gateway.api.schemas import ParsedRequest, encoding_error, parse_request
 from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, Unavailable
 from gateway.flow.admission import Pool
 from gateway.flow.door import admit
@@ -30,7 +31,7 @@ from gateway.flow.tenants import Tenant
 from gateway.routing.backend import Backend
 
 # The endpoints admitted and routed as the gateway's proxy does; the rest are only routed.
-COMPLETIONS: dict[bytes, Kind] = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion"}
+ADMITTED: dict[bytes, Kind] = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion"}
 
 
 def host_port(b: Backend) -> str:
@@ -60,6 +61,7 @@ class Pick:
     pool: Pool | None
     tenant: Tenant | None
     dispatched: float  # when the pick was made (admission's clock): TTFT samples count from it
+    endpoint: str = ""  # its `endpoint` metric label: the path, for the completions
 
     def release(self) -> None:
         """Give the slot back, and the backend's count of requests in flight."""
@@ -91,7 +93,7 @@ class Picker:
                 refusal = AuthMiddleware.invalid if token else AuthMiddleware.missing
                 raise Refused(refusal, AuthMiddleware.www)
         exclude = self._outside(subset)
-        kind = COMPLETIONS.get(path.partition(b"?")[0])
+        kind = ADMITTED.get(path.partition(b"?")[0])
         if kind is None:
             return self._route_other(body, exclude, subset)
         try:
@@ -103,11 +105,12 @@ class Picker:
         try:
             admitted = await admit(d.flow, d.router, d.wake, d.parent_of, req.model, key, headers)
         except GatewayError as exc:
-            d.metrics.requests.labels(req.model, "", str(exc.status)).inc()
+            d.metrics.requests.labels(req.model, _label(kind), "", str(exc.status)).inc()
             raise Refused(exc) from None
         pool, tenant = admitted if admitted is not None else (None, None)
         try:
-            route = (route_request(req, {"headers": headers}, self._session_header)
+            route = (route_request(req, {"headers": headers}, self._session_header,
+                                   (CHAT if kind == "chat" else COMPLETIONS).prompt)
                      if d.router.wants_affinity(req.model) else None)
             backend = d.router.pick(req.model, exclude, route)
             if backend is None:
@@ -125,7 +128,8 @@ class Picker:
         strip = req.stream and not req.client_wants_usage
         forwarded = ask_usage(req) if strip else body
         clock = d.flow.clock() if d.flow is not None else 0.0
-        return Pick(backend, req.model, forwarded, strip, req.stream, strip, pool, tenant, clock)
+        return Pick(backend, req.model, forwarded, strip, req.stream, strip, pool, tenant, clock,
+                    _label(req.kind))
 
     def _outside(self, subset: frozenset[str] | None) -> list[Backend]:
         """The backends the subset hint rules out (none without a hint)."""
@@ -159,6 +163,10 @@ class Picker:
             model = model or ""
         backend.outstanding += 1
         return Pick(backend, model, body, False, False, False, None, None, 0.0)
+
+
+def _label(kind: Kind) -> str:
+    return (CHAT if kind == "chat" else COMPLETIONS).label
 
 
 def _model_of(body: bytes) -> str | None:

@@ -241,6 +241,14 @@ class Router:
         now = self._clock()
         return [b for b in self._backends.values() if b.available(now)]
 
+    def available_at(self, url: str) -> Backend | None | bool:
+        """The backend at `url` if it is available now; False if it is known but unavailable;
+        None if no backend is at `url`."""
+        for b in self._backends.values():
+            if b.url == url:
+                return b if b.available(self._clock()) else False
+        return None
+
     def backend_states(self) -> list[tuple[str, bool, int]]:
         """(url, available for routing, requests in flight) per backend, for the metrics."""
         now = self._clock()

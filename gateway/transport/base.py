@@ -16,6 +16,8 @@ BodySink = Callable[[bytes, float], bool]
 
 class UpstreamResponse(Protocol):
     status: int
+    # The response's headers, names lower-case: filled by `Transport.request` only.
+    headers: list[tuple[bytes, bytes]]
 
     async def read(self) -> bytes:
         """The whole body (non-streaming responses); then the connection is released, or
@@ -48,6 +50,13 @@ class Transport(Protocol):
         """Send a request and wait for the response head. Raises `errors.UpstreamFailed` (cannot
         reach the backend, connection dropped) or `errors.UpstreamTimeout`: nothing reached the
         client yet, so the caller may retry elsewhere."""
+        ...
+
+    async def request(
+        self, method: str, url: str, body: bytes, headers: Mapping[str, str], *, streaming: bool
+    ) -> UpstreamResponse:
+        """As `post`, with any method, and the response's headers collected (`headers`): for
+        the engine endpoints whose answers the gateway relays as they are."""
         ...
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:

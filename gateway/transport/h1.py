@@ -135,7 +135,8 @@ class _Conn(asyncio.Protocol):
         if h is not None and not h.done() and self._error is not None:
             h.set_result(None)
 
-    def start(self, request: bytes) -> asyncio.Future[None]:
+    def start(self, request: bytes,
+              heads: list[tuple[bytes, bytes]] | None = None) -> asyncio.Future[None]:
         self.status = 0
         self._chunks.clear()
         self._buffered = 0
@@ -143,7 +144,9 @@ class _Conn(asyncio.Protocol):
         self._error = None
         self.got_bytes = False
         assert self.transport is not None
-        self._parser = httptools.HttpResponseParser(self)
+        # Response headers are collected only when asked for (`heads`): the completion path
+        # reads none, and a callback per header would cost it on every request.
+        self._parser = httptools.HttpResponseParser(self if heads is None else _Heads(self, heads))
         self._head = self._loop.create_future()
         self.transport.write(request)
         return self._head
@@ -215,12 +218,30 @@ class _Conn(asyncio.Protocol):
             self._error = "aborted"
 
 
-class H1Response:
-    __slots__ = ("_conn", "_done", "push", "readany", "status")
+class _Heads:
+    """The parser's callbacks of a connection, plus one that collects the response's headers."""
 
-    def __init__(self, conn: _Conn) -> None:
+    __slots__ = ("_conn", "heads", "on_body", "on_headers_complete", "on_message_complete")
+
+    def __init__(self, conn: _Conn, heads: list[tuple[bytes, bytes]]) -> None:
+        self._conn = conn
+        self.heads = heads
+        self.on_body = conn.on_body
+        self.on_headers_complete = conn.on_headers_complete
+        self.on_message_complete = conn.on_message_complete
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.heads.append((name.lower(), value))
+
+
+class H1Response:
+    __slots__ = ("_conn", "_done", "headers", "push", "readany", "status")
+
+    def __init__(self, conn: _Conn, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self._conn = conn
         self.status = conn.status
+        # The response's headers (names lower-case), when the request asked for them.
+        self.headers: list[tuple[bytes, bytes]] = headers if headers is not None else []
         self.readany = conn.readany  # bound once: the per-chunk call skips one attribute lookup
         self.push = conn.push
         self._done = False
@@ -323,7 +344,8 @@ class H1Transport:
         return entry[0], entry[1], path + (f"?{parts.query}" if parts.query else "")
 
     async def _send(
-        self, method: bytes, url: str, body: bytes, headers: Mapping[str, str], t: Timeouts
+        self, method: bytes, url: str, body: bytes, headers: Mapping[str, str], t: Timeouts,
+        heads: list[tuple[bytes, bytes]] | None = None,
     ) -> _Conn:
         pool, host, path = self._pool(url)
         head = [b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n"
@@ -355,7 +377,9 @@ class H1Transport:
                 if conn is None:
                     conn = await pool.connect(t.connect_s)
                 conn.deadline = deadline
-                await conn.start(request)
+                if heads is not None:
+                    heads.clear()  # a retry on a fresh connection: its head only
+                await conn.start(request, heads)
                 if conn.status or conn.got_bytes or fresh:
                     break
                 conn = None
@@ -385,6 +409,16 @@ class H1Transport:
             # A non-streamed answer sends its first byte only after the last token.
             t = t.model_copy(update={"first_byte_s": t.total_s})
         return H1Response(await self._send(b"POST", url, body, headers, t))
+
+    async def request(
+        self, method: str, url: str, body: bytes, headers: Mapping[str, str], *, streaming: bool
+    ) -> H1Response:
+        t = self._timeouts
+        if not streaming:
+            t = t.model_copy(update={"first_byte_s": t.total_s})
+        heads: list[tuple[bytes, bytes]] = []
+        conn = await self._send(method.encode("ascii"), url, body, headers, t, heads)
+        return H1Response(conn, heads)
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         t = Timeouts(connect_s=timeout_s, first_byte_s=timeout_s, idle_s=timeout_s,

@@ -9,7 +9,8 @@ base before the router builds a pool for it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -24,6 +25,8 @@ class ModelCard:
     id: str
     parent: str | None = None
     root: str | None = None
+    # The whole card as the replica wrote it (max_model_len, permission, ...): /v1/models keeps it.
+    fields: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
 def _opt_str(v: object) -> str | None:
@@ -54,7 +57,8 @@ class HttpProber:
             return None
         try:
             data = orjson.loads(body)["data"]
-            cards = [ModelCard(str(m["id"]), _opt_str(m.get("parent")), _opt_str(m.get("root")))
+            cards = [ModelCard(str(m["id"]), _opt_str(m.get("parent")), _opt_str(m.get("root")),
+                               m)
                      for m in data]
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             return None

@@ -74,7 +74,8 @@ def served_by(gateway_url: str) -> dict[str, float]:
     """Streams answered 200, per backend, from the gateway's counters."""
     out: dict[str, float] = {}
     for k, v in scrape(gateway_url).items():
-        m = re.match(r'llmserve_requests_total\{backend="([^"]+)",model="[^"]*",status="200"\}', k)
+        m = re.match(r'llmserve_requests_total\{backend="([^"]+)",endpoint="[^"]*",'
+                     r'model="[^"]*",status="200"\}', k)
         if m:
             out[m.group(1)] = out.get(m.group(1), 0.0) + v
     return out

@@ -12,7 +12,7 @@ from gateway.errors import (
     RateLimitedLog,
     Unavailable,
     install_handlers,
-    normalize_upstream_error,
+    upstream_error_body,
 )
 from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
@@ -26,26 +26,33 @@ def shape(body: bytes) -> dict[str, object]:
     return err  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize(
-    ("body", "message"),
-    [
-        (b'{"error": {"message": "bad", "type": "BadRequestError", "param": null, "code": 400}}',
-         "bad"),
-        (b'{"object": "error", "message": "old", "type": "BadRequestError", "code": 400}', "old"),
-        (b"<html><body>nginx at 10.0.0.7</body></html>", "upstream returned HTTP 500"),
-        (b"", "upstream returned HTTP 500"),
-    ],
-)
-def test_upstream_errors_get_openai_shape(body: bytes, message: str) -> None:
-    err = shape(normalize_upstream_error(500 if not body.startswith(b"{") else 400, body,
-                                         RateLimitedLog(logging.getLogger("test"))))
-    assert err["message"] == message
+@pytest.mark.parametrize("body", [
+    b'{"error": {"message": "bad", "type": "BadRequestError", "param": null, "code": 400}}',
+    b'{"object": "error", "message": "old", "type": "BadRequestError", "code": 400}',
+    b'{"error":{"message":"m","code":400}}',
+])
+def test_engine_error_objects_are_relayed_as_they_are(body: bytes) -> None:
+    assert upstream_error_body(400, body, RateLimitedLog(logging.getLogger("test"))) is None
 
 
-def test_integer_codes_become_strings() -> None:
-    err = shape(normalize_upstream_error(400, b'{"error": {"message": "m", "code": 400}}',
-                                         RateLimitedLog(logging.getLogger("test"))))
-    assert err["code"] == "400"
+@pytest.mark.parametrize("body", [
+    b"<html><body>nginx at 10.0.0.7</body></html>", b"", b"[1]", b'{"detail": "x"}'])
+def test_other_upstream_bodies_become_the_gateways_error(body: bytes) -> None:
+    own = upstream_error_body(500, body, RateLimitedLog(logging.getLogger("test")))
+    assert own is not None and shape(own)["message"] == "upstream returned HTTP 500"
+
+
+def test_an_engine_error_reaches_the_client_byte_for_byte(upstreams: UpstreamFactory) -> None:
+    # vLLM's integer code and its spacing, unchanged (the gateway used to make code "400").
+    body = '{"error":{"message":"bad","type":"BadRequestError","param":"n","code":400}}'
+    up = upstreams(fail_status=400, fail_body=body)
+    with run_gateway(backends=[url_of(up)]) as gw:
+        for stream in (False, True):
+            r = loopback.post(gw.url + "/v1/chat/completions", json={
+                "model": "demo", "messages": [{"role": "user", "content": "x"}],
+                "stream": stream})
+            assert (r.status_code, r.text) == (400, body)
+            assert r.headers["content-type"] == "application/json"
 
 
 def test_retry_after_is_whole_seconds_and_never_zero() -> None:
@@ -98,7 +105,9 @@ def test_an_upstream_body_that_is_no_error_object_goes_to_the_log_not_the_client
     warnings = RateLimitedLog(logging.getLogger("test.bodies"), burst=1)
     with caplog.at_level(logging.WARNING, "test.bodies"):
         for _ in range(3):
-            err = shape(normalize_upstream_error(502, b"<html>10.0.0.7</html>", warnings, "r-1"))
+            own = upstream_error_body(502, b"<html>10.0.0.7</html>", warnings, "r-1")
+            assert own is not None
+            err = shape(own)
     assert err["message"] == "upstream returned HTTP 502"
     assert len(caplog.records) == 1 and warnings.suppressed == 2
     assert "r-1" in caplog.records[0].getMessage() and "10.0.0.7" in caplog.records[0].getMessage()

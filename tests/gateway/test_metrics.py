@@ -50,14 +50,14 @@ def test_a_models_series_are_the_labelled_children_and_count_by_backend_and_stat
     s = m.series("demo")
     assert m.series("demo") is s  # looked up once per model
     assert s.ttft is m.ttft.labels("demo") and s.output_tokens is m.output_tokens.labels("demo")
-    s.request("http://a", "200")
-    s.request("http://a", "200")
-    s.request("http://b", "502")
+    s.request("/v1/completions", "http://a", "200")
+    s.request("/v1/completions", "http://a", "200")
+    s.request("/v1/chat/completions", "http://b", "502")
     s.output_tokens.inc(7)
     got = samples(m, "llmserve_requests_total")
     assert got[(("__name__", "llmserve_requests_total"), ("backend", "http://a"),
-                ("model", "demo"), ("status", "200"))] == 2
+                ("endpoint", "/v1/completions"), ("model", "demo"), ("status", "200"))] == 2
     assert got[(("__name__", "llmserve_requests_total"), ("backend", "http://b"),
-                ("model", "demo"), ("status", "502"))] == 1
+                ("endpoint", "/v1/chat/completions"), ("model", "demo"), ("status", "502"))] == 1
     assert samples(m, "llmserve_output_tokens_total") == {
         (("__name__", "llmserve_output_tokens_total"), ("model", "demo")): 7}

@@ -92,7 +92,7 @@ def test_declared_adapters_are_listed_with_their_base_and_routed(
     gateway: RunningGateway, replicas: tuple[LoraReplica, ...]
 ) -> None:
     listed = models(gateway)
-    assert listed["sql"]["parent"] == BASE and "parent" not in listed[BASE]
+    assert listed["sql"]["parent"] == BASE and listed[BASE].get("parent") is None
     served = {answer(chat(gateway, "sql")) for _ in range(6)}
     assert served == {"sql@r0", "sql@r1"}
     assert answer(chat(gateway, BASE)).startswith(f"{BASE}@")

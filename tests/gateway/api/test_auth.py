@@ -56,3 +56,21 @@ def test_no_keys_file_means_auth_off(upstreams: UpstreamFactory) -> None:
     up = upstreams()
     with run_gateway(backends=[url_of(up)]) as gw:
         assert loopback.post(gw.url + "/v1/completions", json=BODY).status_code == 200
+
+
+def test_engine_endpoints_outside_v1_need_a_key_too(upstreams: UpstreamFactory,
+                                                     keys_file: Path) -> None:
+    # /tokenize, /pooling, /invocations... spend the engines' time as /v1 does; /version and
+    # /ping are the engine's liveness, open as vLLM leaves them.
+    up = upstreams(echo_other=True)
+    key = {"Authorization": f"Bearer {KEY}"}
+    with run_gateway(backends=[url_of(up)], api_keys_file=keys_file) as gw:
+        for path in ("/tokenize", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank",
+                     "/invocations", "/detokenize"):
+            assert loopback.post(gw.url + path, json={"model": "demo"}).status_code == 401, path
+            assert loopback.post(gw.url + path, json={"model": "demo"},
+                                 headers=key).status_code == 200, path
+        for path in ("/version", "/ping"):
+            assert loopback.get(gw.url + path).status_code == 200
+        # Counted against the key like a completion.
+        assert gw.metric('llmserve_tenant_requests_total{tenant="acme"}') == 8

@@ -309,7 +309,8 @@ def test_unknown_model_is_404(upstreams: UpstreamFactory) -> None:
         # Made-up names share one `unknown` series instead of minting one each.
         text = loopback.get(gw.url + "/metrics").text
         assert "nope" not in text
-        assert gw.metric('llmserve_requests_total{backend="",model="unknown",status="404"}') == 3
+        assert gw.metric('llmserve_requests_total{backend="",endpoint="/v1/chat/completions",'
+                         'model="unknown",status="404"}') == 3
 
 
 def test_ttft_is_recorded_for_streams_only(upstreams: UpstreamFactory) -> None:
@@ -530,3 +531,30 @@ def test_prefix_affinity_keeps_a_conversation_and_a_session_key_on_one_replica(
             served = [u.completions - b for u, b in zip(ups, before, strict=True)]
             assert sorted(served) in ([0, 6], [3, 3]), served
         assert gw.metric("llmserve_affinity_hits_total") >= 6 * 2 + 3 * 2 * 2
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_the_fingerprint_stays_where_the_engine_puts_it_without_usage(
+    upstreams: UpstreamFactory, path: str,
+) -> None:
+    # vLLM stamps system_fingerprint on the terminal chunks, or, when usage is asked for, on the
+    # usage chunk instead. The gateway asks for usage on its own account: a client that did not
+    # must still find the fingerprint on the terminal chunks, as the engine would send them.
+    body = CHAT if "chat" in path else {"model": "demo", "prompt": "hi", "max_tokens": 5}
+    up = upstreams(events_per_write=3)  # terminal, usage and [DONE] arrive in different reads
+    with run_gateway(backends=[url_of(up)]) as gw:
+        for ask in (False, True):
+            so = {"stream_options": {"include_usage": True}} if ask else {}
+            evs = events(loopback.post(gw.url + path, json={**body, "stream": True, **so}).text)
+            assert evs[-1] == "data: [DONE]"
+            objs = [json.loads(e.removeprefix("data: ")) for e in evs[:-1]]
+            stamped = [o for o in objs if "system_fingerprint" in o]
+            assert len(stamped) == 1 and stamped[0]["system_fingerprint"] == "fp-fake"
+            if ask:
+                assert stamped[0]["choices"] == [] and "usage" in stamped[0]
+            else:
+                assert stamped[0]["choices"][0]["finish_reason"] == "length"
+                assert stamped[0] is objs[-1] and not any("usage" in o for o in objs)
+            # Byte for byte what the upstream sends a client that asked for what this one did.
+            framed = up.answers.events("chat" if "chat" in path else "completion", ask, 5, 1)
+            assert evs == [f.split(b"\r\n", 1)[1][:-4].decode() for f in framed]

@@ -21,6 +21,10 @@ def test_models_carry_replicas_and_declared_layouts(upstreams: UpstreamFactory) 
     assert data["m-tp"]["llmserve"] == {"replicas": 2}  # no one layout: replicas only
     assert data["m-pp"]["llmserve"] == {"replicas": 1, "tp": 1, "pp": 2, "nodes": 2}
     assert data["m-pp"]["object"] == "model"
+    # The engine's own card, every field of it (clients size prompts from max_model_len).
+    assert {k: v for k, v in data["m-pp"].items() if k != "llmserve"} == {
+        "id": "m-pp", "object": "model", "created": 1, "owned_by": "fake", "root": "m-pp",
+        "parent": None, "max_model_len": 4096}
 
 
 def test_layout_errors_name_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:

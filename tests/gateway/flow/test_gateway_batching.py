@@ -35,8 +35,8 @@ async def test_concurrent_completions_share_upstream_calls_and_get_their_own_ans
         assert gw.metric("llmserve_batch_size_sum") == 24
         assert gw.metric("llmserve_batch_size_count") == up.completions
         # Counted per client request, at the replica that answered, not once per upstream call.
-        assert gw.metric(f'llmserve_requests_total{{backend="{url_of(up)}",model="demo",'
-                         'status="200"}') == 24
+        assert gw.metric(f'llmserve_requests_total{{backend="{url_of(up)}",'
+                         'endpoint="/v1/completions",model="demo",status="200"}') == 24
 
 
 def test_streaming_and_disabled_batching_go_straight_through(upstreams: UpstreamFactory) -> None:
