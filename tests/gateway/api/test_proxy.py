@@ -146,8 +146,8 @@ def test_failed_replica_is_retried_elsewhere_before_first_byte(
         assert good.completions == 4
         # One count per request, by its final status: a retry that succeeds is one 200.
         assert gw.metric("llmserve_requests_total") == 4
-        assert gw.metric(f'llmserve_requests_total{{backend="{url_of(good)}",model="demo",'
-                         'status="200"}') == 4
+        assert gw.metric(f'llmserve_requests_total{{backend="{url_of(good)}",'
+                         'endpoint="/v1/chat/completions",model="demo",status="200"}') == 4
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["proxy", "batcher"])
