@@ -4,16 +4,16 @@ bad usage, 1 when the stack could not start or a process died."""
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import NoReturn
 
+from model_store import cli_error
+
 PROG = "llmserve-devstack"
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+EXIT_FAILED = cli_error.EXIT_FAILED
+EXIT_USAGE = cli_error.EXIT_USAGE
 
 
-def error_line(prog: str, message: str) -> None:
-    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+error_line = cli_error.error_line
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -10,16 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
 from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import CliSettingsSource, SettingsError
 
 from gateway.settings import GatewaySettings
+from model_store import cli_error
+from model_store.cli_error import EXIT_USAGE
 
 PROG = "llmserve-gateway"
-EXIT_USAGE = 2
 ENV_PREFIX = "GATEWAY_"
 
 
@@ -31,8 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 def fail(message: str) -> NoReturn:
     """The one shape of a usage error: one line on stderr, exit code 2."""
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
-    raise SystemExit(EXIT_USAGE)
+    cli_error.fail(PROG, message, EXIT_USAGE)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[GatewaySettings]]:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from loadtest import gateway_view
-from loadtest.errors import PROG, UsageError
+from loadtest.errors import PROG, UsageError, error_line
 from loadtest.metrics import RequestRecord, Run, StreamTimer, parse_slos, summarize
 from loadtest.settings import CompareSettings, settings_from_args
 from loadtest.workloads import Workload
@@ -222,9 +222,10 @@ def main(argv: list[str]) -> int:
     if s.print_report:
         print((out / "report.md").read_text(), flush=True)
     if failed:
-        print(f"{PROG} compare: error: cross-check FAILED: client and gateway counts "
-              f"differ by more than {s.tolerance:.0%} in {len(failed)} run(s): "
-              f"{', '.join(failed)} (see {out / 'report.md'})", file=sys.stderr)
+        error_line(f"{PROG} compare",
+                   f"cross-check FAILED: client and gateway counts differ by more than "
+                   f"{s.tolerance:.0%} in {len(failed)} run(s): {', '.join(failed)} "
+                   f"(see {out / 'report.md'})")
         return 1
     return 0
 

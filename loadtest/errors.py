@@ -4,16 +4,15 @@ failed."""
 
 from __future__ import annotations
 
-import sys
+from model_store import cli_error
 
 PROG = "llmserve-loadtest"
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+EXIT_FAILED = cli_error.EXIT_FAILED
+EXIT_USAGE = cli_error.EXIT_USAGE
 
 
 class UsageError(Exception):
     """What was given cannot work as written: exit code 2."""
 
 
-def error_line(prog: str, message: str) -> None:
-    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+error_line = cli_error.error_line

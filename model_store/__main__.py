@@ -16,14 +16,14 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+from model_store import cli_error
+from model_store.cli_error import EXIT_FAILED, EXIT_USAGE
 from model_store.cliflags import add_settings_flags, settings_overrides, with_flag_names
 from model_store.demo import DemoError, ensure_demo_model
 from model_store.errors import StoreError, UsageError
 from model_store.settings import SettingsError, StoreSettings, load_settings
 
 PROG = "llmserve-model-store"
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 S3_HELP = "s3://bucket/prefix (endpoint, region and credentials: see the settings below)"
 BASE_HELP = ("the base model of a LoRA adapter, e.g. SmolLM2-135M-Instruct (compared by its last "
              "path segment: org/Model and /models/Model are the same base); default: none, a "
@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _error(message: str) -> None:
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+    cli_error.error_line(PROG, message)
 
 
 def _verb(

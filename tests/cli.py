@@ -15,7 +15,9 @@ import io
 import subprocess
 from collections.abc import Callable
 
-EXIT_USAGE = 2
+from model_store import cli_error
+
+EXIT_USAGE = cli_error.EXIT_USAGE
 
 
 def run_main(main: Callable[[list[str]], int | None], *argv: str,

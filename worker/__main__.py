@@ -24,6 +24,8 @@ from typing import Any, NoReturn
 
 from pydantic_settings import CliSettingsSource
 
+from model_store import cli_error
+from model_store.cli_error import EXIT_FAILED
 from worker.argv import build_command
 from worker.launcher import EngineStartError, Launcher, MarkerTimeout
 from worker.preflight import preflight
@@ -31,7 +33,6 @@ from worker.settings import LWS_ENV, SettingsError, WorkerSettings, load_setting
 
 PROG = "llmserve-worker"
 EXIT_BAD_SETTINGS = 2
-EXIT_FAILED = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,8 +73,7 @@ def _split_passthrough(args: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _fail(code: int, message: str) -> NoReturn:
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
-    raise SystemExit(code)
+    cli_error.fail(PROG, message, code)
 
 
 def main(args: Sequence[str] | None = None) -> int:

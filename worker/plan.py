@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from model_store import cli_error
 from worker.layout import (
     RULE_OF_THUMB,
     LayoutError,
@@ -330,7 +331,7 @@ def helm_values(spec: ModelSpec, layout: Layout, args: argparse.Namespace) -> st
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        cli_error.fail(self.prog, f"{message} (see {self.prog} --help)")
 
 
 def _positive(text: str) -> float:
@@ -506,8 +507,8 @@ def main(argv: list[str]) -> int:
         else:
             print(_table(spec, layouts, gpu, args))
     except LayoutError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        cli_error.error_line(PROG, str(exc))
+        return cli_error.EXIT_USAGE
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         sys.stdout = open("/dev/null", "w")  # noqa: SIM115 - stdout's own close would fail again
     return 0

@@ -25,6 +25,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
+from model_store import cli_error
+
 COLUMNS = 3
 ROW_HEIGHT = 4.6  # inches: plot, axis labels and a legend of up to three lines
 _LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -149,11 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = json.loads(args.results.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        p.exit(2, f"{p.prog}: error: cannot read {args.results}: {exc}\n")
+        cli_error.fail(p.prog, f"cannot read {args.results}: {exc}")
     if not (isinstance(data, dict) and isinstance(data.get("dashboards"), dict)
             and isinstance(data.get("start"), (int, float))):
-        p.exit(2, f"{p.prog}: error: {args.results} is not a results file (a JSON object with "
-                  "'dashboards' and 'start', as tests/e2e/test_observability.py writes it)\n")
+        cli_error.fail(p.prog, f"{args.results} is not a results file (a JSON object with "
+                       "'dashboards' and 'start', as tests/e2e/test_observability.py writes it)")
     args.out.mkdir(parents=True, exist_ok=True)
     for name, dashboard in data["dashboards"].items():
         path = args.out / f"dashboard-{name.removesuffix('.json').removeprefix('llmserve-')}.png"

@@ -22,6 +22,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.settings import Priority
+from model_store.cli_error import EXIT_USAGE, error_line
 
 # Queue classes: lower is served first (Priority's names, in that order).
 PRIORITY_CLASS: dict[str, int] = {name: i for i, name in enumerate(get_args(Priority))}
@@ -142,8 +143,8 @@ def main() -> int:
     """Read one API key on stdin, print the sha256 to put in the keys file."""
     key = sys.stdin.readline().strip()
     if not key:
-        print("python -m gateway.flow.keys: error: no key on stdin", file=sys.stderr)
-        return 2
+        error_line("python -m gateway.flow.keys", "no key on stdin")
+        return EXIT_USAGE
     print(hash_key(key))
     return 0
 
