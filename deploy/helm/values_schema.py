@@ -364,6 +364,10 @@ SCHEMA: dict[str, Any] = {
                 "port": PORT,
                 "probePort": field(EdgeSettings, "probe_port"),
                 "discovery": s(enum=["kubernetes", "dns", "static"]),
+                # gateway: llmserve's own OpenAI gateway; epp: the endpoint picker of a Gateway
+                # API gateway (gatewayAPI below, docs/gateway-api.md).
+                "mode": s(enum=["gateway", "epp"]),
+                "eppPort": i(1, maximum=65535),
                 "backends": {"type": "array", "items": s(pattern="^https?://.+")},
                 "drainTimeoutSeconds": {"type": ["integer", "null"], "minimum": 0},
                 "preStopSleepSeconds": seconds,
@@ -525,7 +529,18 @@ SCHEMA: dict[str, Any] = {
                 "affinity": MAP,
             }
         ),
-        "networkPolicy": obj({"enabled": B, "metricsFrom": LIST, "gatewayFrom": LIST}),
+        "networkPolicy": obj({"enabled": B, "metricsFrom": LIST, "gatewayFrom": LIST,
+                              "workerFrom": LIST}),
+        # Gateway API Inference Extension objects (templates/gatewayapi/, docs/gateway-api.md).
+        "gatewayAPI": obj(
+            {
+                "inferencePools": obj({"enabled": B,
+                                       "failureMode": s(enum=["FailOpen", "FailClose"])}),
+                "httpRoute": obj({"enabled": B, "parentRefs": LIST,
+                                  "hostnames": {"type": "array", "items": s(minLength=1)},
+                                  "modelHeader": s(minLength=1)}),
+            }
+        ),
         # The in-cluster comparison Job (templates/loadtest/compare-job.yaml); the flags it
         # renders are parsed again by the tool itself (tests/deploy/test_compare_job.py).
         "compare": obj(

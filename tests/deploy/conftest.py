@@ -172,6 +172,21 @@ MATRIX: dict[str, dict[str, Any]] = {
                         "maxLoras": 4}),
         ],
     },
+    # The Gateway API Inference Extension: the gateway as the endpoint picker of two pools'
+    # InferencePools, an HTTPRoute to them, and the data plane let through to the workers.
+    "gateway-api-epp": {
+        "gateway": {"mode": "epp"},
+        "gatewayAPI": {
+            "inferencePools": {"enabled": True, "failureMode": "FailOpen"},
+            "httpRoute": {"enabled": True, "hostnames": ["llm.example"], "parentRefs": [
+                {"name": "inference-gateway", "namespace": "gateways"}]},
+        },
+        "networkPolicy": {"workerFrom": [{"namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": "gateways"}}}]},
+        "models": [_pool("tp1", servedModelName="m-tp"),
+                   _pool("pp2", servedModelName="m-pp", pipelineParallelSize=2,
+                         multiNode={"nodes": 2})],
+    },
     "minio-with-its-credentials": {
         "minio": {"enabled": True},
         "models": [_pool("tp1", tensorParallelSize=1)],

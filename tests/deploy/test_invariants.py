@@ -139,7 +139,14 @@ def test_drain_settings_reach_the_processes(render_case: Any) -> None:
 
 def test_probes(release: Release) -> None:
     for pod in release.pods():
-        if pod.role == "gateway":
+        if pod.role == "gateway" and env_of(pod.container("gateway"))["GATEWAY_MODE"] == "epp":
+            # The endpoint picker: its gRPC health services, on the port it serves ext_proc.
+            c = pod.container("gateway")
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            assert c["livenessProbe"]["grpc"] == {"port": ports["grpc"], "service": "liveness"}
+            assert c["readinessProbe"]["grpc"] == {"port": ports["grpc"], "service": "readiness"}
+            assert str(ports["grpc"]) == env_of(c)["GATEWAY_EPP__PORT"]
+        elif pod.role == "gateway":
             c = pod.container("gateway")
             assert c["livenessProbe"]["httpGet"]["path"] == "/health"
             assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
@@ -488,7 +495,9 @@ def test_workers_accept_traffic_only_from_gateway_pool_and_scrapers(release: Rel
         rules = policy["spec"]["ingress"]
         api, *pool_rules = rules
         assert api["ports"] == [{"port": "http", "protocol": "TCP"}]
-        assert api["from"] == [{"podSelector": {"matchLabels": gateway}}, *scrapers]
+        # With the gateway in EPP mode, also the Gateway API data plane (networkPolicy.workerFrom).
+        data_plane = release.values.get("networkPolicy", {}).get("workerFrom", [])
+        assert api["from"] == [{"podSelector": {"matchLabels": gateway}}, *scrapers, *data_plane]
         pool = pod.metadata["labels"]["llmserve.io/pool"]
         if pod.role == "single":
             assert pool_rules == []

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.helm
 
 KUBE_VERSIONS = ("1.29.0", "1.37.0")
 CRD_DIR = REPO / "deploy" / "schemas" / "crds"
-CRD_GROUPS = ("leaderworkerset.x-k8s.io", "monitoring.coreos.com", "keda.sh")
+CRD_GROUPS = ("leaderworkerset.x-k8s.io", "monitoring.coreos.com", "keda.sh",
+              "inference.networking.k8s.io", "gateway.networking.k8s.io")
 
 
 def _closed(node: Any) -> Any:
@@ -76,7 +77,7 @@ def is_custom(m: Manifest) -> bool:
 def test_crd_schemas_are_there() -> None:
     kinds = {kind for _, kind in crd_validators()}
     assert {"LeaderWorkerSet", "ServiceMonitor", "PodMonitor", "PrometheusRule",
-            "ScaledObject"} <= kinds
+            "ScaledObject", "InferencePool", "HTTPRoute"} <= kinds
 
 
 def test_crd_conversion_rejects_an_unknown_field() -> None:

@@ -191,7 +191,9 @@ def test_rendered_gateway_env_is_valid_gateway_settings(
 ) -> None:
     gateway = next(p for p in release.pods() if p.role == "gateway")
     settings = gateway_settings(release, monkeypatch)
-    http, probes = gateway.container("gateway")["ports"]
+    http, probes, *epp = gateway.container("gateway")["ports"]
+    if settings.mode == "epp":
+        assert [p["containerPort"] for p in epp] == [settings.epp.port]
     assert settings.port == http["containerPort"]
     assert settings.edge.probe_port == probes["containerPort"]
     assert settings.discovery == release.values.get("gateway", {}).get("discovery", "kubernetes")

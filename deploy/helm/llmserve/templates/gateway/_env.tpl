@@ -3,7 +3,7 @@ GATEWAY_* settings the chart manages; gateway.env may not set these (a second va
 setting would silently win or lose depending on order).
 */}}
 {{- define "llmserve.gateway.managedEnv" -}}
-GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_TIMEOUTS__TOTAL_S GATEWAY_TIMEOUTS GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS GATEWAY_POOLS GATEWAY_ADMIN_KEY GATEWAY_ADMIN_KEY_SHA256 GATEWAY_LORA__MAX_LORAS
+GATEWAY_MODE GATEWAY_EPP__PORT GATEWAY_EPP__METRICS_PORT GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_TIMEOUTS__TOTAL_S GATEWAY_TIMEOUTS GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS GATEWAY_POOLS GATEWAY_ADMIN_KEY GATEWAY_ADMIN_KEY_SHA256 GATEWAY_LORA__MAX_LORAS
 {{- end -}}
 
 {{/*
@@ -27,6 +27,18 @@ maxReplicas/minReplicas x its limit when scaled out; NOTES says so).
 {{- end }}
 - name: GATEWAY_EDGE__PROBE_PORT
   value: {{ $g.probePort | int | toString | quote }}
+- name: GATEWAY_MODE
+  value: {{ $g.mode | quote }}
+{{- if eq $g.mode "epp" }}
+{{- if has ($g.eppPort | int) (list ($g.port | int) ($g.probePort | int)) }}
+{{- fail "gateway.eppPort must differ from gateway.port and gateway.probePort" }}
+{{- end }}
+- name: GATEWAY_EPP__PORT
+  value: {{ $g.eppPort | int | toString | quote }}
+{{- /* The EPP serves /metrics on the probe port, where the ServiceMonitor scrapes. */}}
+- name: GATEWAY_EPP__METRICS_PORT
+  value: {{ $g.probePort | int | toString | quote }}
+{{- end }}
 - name: GATEWAY_DISCOVERY
   value: {{ $g.discovery | quote }}
 {{- if eq $g.discovery "kubernetes" }}
