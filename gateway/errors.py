@@ -47,7 +47,7 @@ class GatewayError(Exception):
         self.param = param
         if code is not None:
             self.code = code
-        self.retry_after = retry_after
+        self.retry_after = None if retry_after is None else retry_after_s(retry_after)
 
     def body(self) -> bytes:
         return error_body(self.public or self.message, self.type, self.param, self.code)
@@ -55,10 +55,16 @@ class GatewayError(Exception):
     def headers(self) -> list[tuple[bytes, bytes]]:
         h = list(JSON_HEADERS)
         if self.retry_after is not None:
-            # Retry-After is whole seconds, rounded up: a client that waits exactly that long
-            # must find the limit open again. Never 0, which invites a hot retry loop.
-            h.append((b"retry-after", str(max(1, ceil(self.retry_after))).encode()))
+            h.append((b"retry-after", str(self.retry_after).encode()))
         return h
+
+
+def retry_after_s(seconds: float) -> int:
+    """The one rounding of a wait for clients: the Retry-After header and every message that
+    names the wait ("retry after Ns") say this number. Whole seconds, rounded up: a client that
+    waits exactly that long must find the door open again. Never 0, which invites a hot retry
+    loop."""
+    return max(1, ceil(seconds))
 
 
 class InvalidRequest(GatewayError):

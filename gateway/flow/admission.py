@@ -6,17 +6,19 @@ integer compare and increment, no future, no task. Otherwise it waits in the poo
 but only if the door can promise it a slot within the queue timeout; else it is refused at once
 (503 with Retry-After), so the client hears "retry in N s" within milliseconds. The promise is
 
-- the pool's measured drain rate serving it within half the timeout, or
-- while the limit still climbs from a cold start (slow start, limiter.py) and nothing shows the
-  engines full yet: fewer requests ahead of it than `PROMISE` x those in flight, each of which
-  adds two slots when its first token comes back fast.
+- a slot expected within half the timeout at the pool's pace now (retry_after.py: the requests in
+  flight and how long requests take from admission to release), or
+- while the limit still climbs, from a cold start or after a pause (slow start, limiter.py), and
+  nothing shows the engines full yet: fewer requests ahead of it than `PROMISE` x those in
+  flight, each of which adds two slots when its first token comes back fast.
 
 A queued request whose estimate proves too hopeful (usually a limit cut while it waited) is sent
 at its deadline above the limit (`llmserve_queue_overflows_total`) rather than refused after a
 wasted wait. One queued on slow start's promise is refused as soon as the promise is seen broken
-(slow start over, or a request in flight overdue for its first token), and at its deadline is sent
-only if every request sent before it has had its first token: otherwise the engines are full, and
-it would wait inside them past the target. Why both promises need this shape: docs/flow-control.md.
+(slow start ended by evidence of full engines, or a request in flight overdue for its first token:
+sent, it would wait inside them past the target), and sent at its deadline otherwise (a burst's
+first tokens may all come after it: nothing shows the engines full). Why both promises need this
+shape: docs/flow-control.md.
 """
 
 from __future__ import annotations
@@ -26,17 +28,17 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from time import monotonic
 
-from gateway.errors import GatewayError, RateLimited, Unavailable
+from gateway.errors import GatewayError, RateLimited, Unavailable, retry_after_s
 from gateway.flow.limiter import AimdLimiter
 from gateway.flow.queue import FairQueue, QueueFull, Waiter
-from gateway.flow.retry_after import DrainRate, expected_wait, retry_after
+from gateway.flow.retry_after import Pace, expected_wait, retry_after
 from gateway.flow.shared_limits import SharedLimits
 from gateway.flow.tenants import ANONYMOUS, Tenant, Tenants
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
 
 # Queue a request only if it is expected to get its slot within this share of the queue timeout:
-# the estimate rests on a noisy drain rate, and a refusal now costs milliseconds, a queue timeout
+# the estimate rests on a noisy pace, and a refusal now costs milliseconds, a queue timeout
 # the whole timeout for the same 503.
 QUEUE_HEADROOM = 0.5
 # In slow start, a request in flight this many recent first-token times without its own first
@@ -53,11 +55,11 @@ PROMISE = 1.5
 
 
 class Pool:
-    """One model's backends as admission sees them: limit, in-flight count, queue, drain rate."""
+    """One model's backends as admission sees them: limit, in-flight count, queue, pace."""
 
-    __slots__ = ("_clock", "_empty_since", "_metrics", "_overflows", "_pending", "_promised",
-                 "_queue_time", "_settings", "_watch", "_weights", "by_tenant", "drain",
-                 "in_flight", "limiter", "name", "queue")
+    __slots__ = ("_clock", "_metrics", "_overflows", "_pending", "_promised", "_queue_time",
+                 "_settings", "_watch", "_weights", "by_tenant", "in_flight", "limiter", "name",
+                 "pace", "queue")
 
     def __init__(
         self, name: str, settings: FlowSettings, metrics: GatewayMetrics,
@@ -75,7 +77,7 @@ class Pool:
             clock=clock,
         )
         self.queue = FairQueue(settings.max_queue)
-        self.drain = DrainRate(clock)
+        self.pace = Pace(clock)
         self.in_flight = 0
         # In slow start: dispatch times of the requests in flight without a first token yet,
         # oldest first (see `climbing`).
@@ -84,7 +86,6 @@ class Pool:
         # the promise is seen broken (`_check_promises`).
         self._promised: list[Waiter] = []
         self._watch: asyncio.TimerHandle | None = None
-        self._empty_since = clock()
         # Admitted requests per tenant (and its weight), for the fair-share check below.
         self.by_tenant: dict[str, int] = {}
         self._weights: dict[str, float] = {}
@@ -93,10 +94,8 @@ class Pool:
 
     def try_acquire(self, tenant: str = ANONYMOUS, weight: float = 1.0) -> bool:
         """The fast path: a free slot and nobody waiting for it."""
-        if not self.in_flight:  # the first request after the pool emptied: was it idle long?
-            now = self._clock()
-            self.limiter.on_idle(now - self._empty_since)
-            self._empty_since = now  # counted once, though `acquire` may ask again
+        if not self.in_flight:
+            self.limiter.on_idle()  # the first request after a pause: slow start resumes
         if self.in_flight < self.limiter.limit and not self.queue._size:
             self._take(tenant, weight)
             self._queue_time.observe(0.0)
@@ -104,9 +103,11 @@ class Pool:
         return False
 
     def _take(self, tenant: str, weight: float) -> None:
+        now = self._clock()
+        self.pace.took(self.in_flight, now)
         self.in_flight += 1
         if self.limiter.slow_start:
-            self._pending.append(self._clock())
+            self._pending.append(now)
         bt = self.by_tenant
         n = bt.get(tenant)
         if n is None:
@@ -139,28 +140,27 @@ class Pool:
             self._queue_time.observe(0.0)
             return
         s = self._settings
-        rate = self.drain.current()
-        limit = self.limiter.limit
-        target = self.limiter.target_s
+        service = self.pace.service_s
         ahead = self.queue.ahead_of(tenant.name, cls, tenant.weight)
         # The two promises of the module docstring.
-        served = rate > 0.0 and (expected_wait(ahead, rate, limit, target)
-                                 <= s.queue_timeout_s * QUEUE_HEADROOM)
+        served = service > 0.0 and (
+            expected_wait(ahead, self.in_flight, self.limiter.limit, service)
+            <= s.queue_timeout_s * QUEUE_HEADROOM)
         promised = not served and ahead < PROMISE * self.in_flight and self._climbing()
         if not (served or promised):
-            raise self._refuse("queue_wait", ahead, rate)
+            raise self._refuse("queue_wait", ahead)
         loop = asyncio.get_running_loop()
         now = self._clock()
         w = Waiter(loop.create_future(), tenant.name, cls, tenant.weight, now)
         try:
             evicted = self.queue.push(w)
         except QueueFull:
-            raise self._refuse("queue_full", len(self.queue), rate) from None
+            raise self._refuse("queue_full", len(self.queue)) from None
         # Answered here, at once. Unless it is leaving anyway: a waiter whose client went away or
         # whose deadline fired has its future cancelled a loop step before its own cleanup takes
         # it out of the queue, and answering it again would raise InvalidStateError right here.
         if evicted is not None and not evicted.future.done():
-            evicted.future.set_exception(self._refuse("queue_full", len(self.queue), rate))
+            evicted.future.set_exception(self._refuse("queue_full", len(self.queue)))
         if promised:
             self._promised.append(w)
             self._check_promises()
@@ -170,11 +170,12 @@ class Pool:
         except TimeoutError:
             if not self._granted(w):  # else the slot came in the same instant as the deadline
                 self.queue.remove(w)
-                if promised and not self._kept_up(now):
+                if promised and not self._climbing():
                     # Queued on slow start's promise, and the engines turned out to be full:
-                    # sent now, it would wait inside them past the target.
+                    # sent now, it would wait inside them past the target. Otherwise nothing
+                    # shows them full (a burst's first tokens may all come after the deadline).
                     self._queue_time.observe(self._clock() - now)
-                    raise self._refuse("queue_timeout", len(self.queue), self.drain.current())
+                    raise self._refuse("queue_timeout", len(self.queue))
                 self._take(tenant.name, tenant.weight)
                 self._overflows.inc()
         except asyncio.CancelledError:
@@ -201,12 +202,6 @@ class Pool:
         queueing, given the climb's fastest first token."""
         return max(OVERDUE * first, MIN_OVERDUE_S)
 
-    def _kept_up(self, since: float) -> bool:
-        """Still in slow start, and every request sent before `since` has had its first token:
-        the engines have shown they keep up with the climb."""
-        pending = self._pending
-        return self.limiter.slow_start and (not pending or pending[0] > since)
-
     def _check_promises(self) -> None:
         """Refuse the requests queued on slow start's promise as soon as it is broken (slow start
         over, or the oldest request in flight overdue for its first token), rather than at their
@@ -231,10 +226,11 @@ class Pool:
         for w in waiting:
             self.queue.remove(w)
             self._queue_time.observe(self._clock() - w.enqueued)
-            w.future.set_exception(
-                self._refuse("queue_timeout", len(self.queue), self.drain.current()))
+            w.future.set_exception(self._refuse("queue_timeout", len(self.queue)))
 
     def release(self, tenant: str = ANONYMOUS) -> None:
+        now = self._clock()
+        self.pace.released(self.in_flight, now)
         self.in_flight -= 1
         pending = self._pending
         if len(pending) > self.in_flight:  # one ended without a first token (error, abort)
@@ -245,12 +241,8 @@ class Pool:
         else:
             del self.by_tenant[tenant]
             del self._weights[tenant]
-        now = self._clock()
-        self.drain.tick(now)
         if self.queue._size:
             self._dispatch()
-        if not self.in_flight:  # also when the queue held only waiters that had left
-            self._empty_since = now
 
     def sample(self, ttft_s: float, dispatched_at: float) -> None:
         """A streamed request's upstream TTFT."""
@@ -273,16 +265,8 @@ class Pool:
                 pending.clear()
         if self._promised:
             self._check_promises()
-        grown = self.limiter.limit - before
-        if grown > 0:
-            # New slots serve the queue as completions do: count them in the drain rate (during
-            # slow start no completion has come back yet, and the wait estimate would refuse
-            # what the next round trip admits), and hand them to whoever waits now.
-            now = self._clock()
-            for _ in range(grown):
-                self.drain.tick(now)
-            if self.queue._size:
-                self._dispatch()
+        if self.limiter.limit > before and self.queue._size:
+            self._dispatch()  # new slots go to whoever waits now
 
     def set_replicas(self, replicas: int) -> None:
         """The model's available replicas: the limit's ceiling is `max_limit` per replica, so a
@@ -309,16 +293,18 @@ class Pool:
         f = w.future
         return f.done() and not f.cancelled() and f.exception() is None
 
-    def _refuse(self, reason: str, ahead: int, rate: float) -> GatewayError:
+    def _refuse(self, reason: str, ahead: int) -> GatewayError:
         self._metrics.rejections.labels(self.name, reason).inc()
-        wait = retry_after(ahead, rate, self.limiter.limit, self.limiter.target_s)
+        # Before any request has ended, a slot per request in flight takes about the target.
+        wait = retry_after(ahead, self.in_flight, self.limiter.limit,
+                           self.pace.service_s or self.limiter.target_s)
         what = {
             "queue_full": "the queue is full",
             "queue_wait": "the queue is too long to be served in time",
             "queue_timeout": "no slot came free in time",
         }[reason]
         return Unavailable(
-            f"model '{self.name}' is overloaded ({what}); retry after {wait:.0f}s",
+            f"model '{self.name}' is overloaded ({what}); retry after {retry_after_s(wait)}s",
             code="overloaded", retry_after=wait,
         )
 
@@ -384,7 +370,7 @@ class Admission:
         what = "requests" if refusal.reason == "rpm" else "tokens"
         raise RateLimited(
             f"Rate limit reached for {what} per minute on this API key; retry after "
-            f"{refusal.retry_after_s:.1f}s",
+            f"{retry_after_s(refusal.retry_after_s)}s",
             retry_after=refusal.retry_after_s,
         )
 

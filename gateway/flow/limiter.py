@@ -10,19 +10,26 @@ waiting requests or a nearly full KV cache (flow/pressure.py) count as a missed 
 - Target missed: multiplicative decrease by the overshoot (`target / latency`, between half and
   `backoff`), at most once per round trip: samples dispatched before the last cut describe the
   old limit and are ignored.
-- Slow start (TCP's): from the start and after an idle spell, a sample under `SLOW_START_BELOW`
+- Slow start (TCP's): from the start and after a pause, a sample under `SLOW_START_BELOW`
   of the target adds two slots per streamed first token (the stream keeps its slot, and one
   more) or one per whole answer (it frees its own), so the limit doubles every round trip. It
   ends at the first cut, at engine pressure, or at the first sample at `SLOW_START_BELOW` of the
   target or later, which also cuts the limit by how much slower than the climb's fastest sample
   it came back (Netflix concurrency-limits' gradient, within `GRADIENT_TOLERANCE` and
-  `GRADIENT_FLOOR`): the climb overshoots by up to a round trip of growth, which would otherwise
+  `GRADIENT_FLOOR`; never below the limit it resumed from): the climb overshoots by up to a round trip of growth, which would otherwise
   sit in the engines' queue for another round trip.
-- Whole (non-streamed) answers have no TTFT, and their latency grows with their length: each is
-  judged per generated token against the best per-token latency seen lately (the gradient
-  again): at that best it counts as no latency, at `WHOLE_TOLERANCE` x as right at the target.
-- Idle: after `IDLE_S` x target with the pool empty, the limit halves per such spell down to its
-  starting value, and slow start resumes.
+- Only evidence of full engines cuts the limit or ends slow start: a first token late (at half the
+  target, or over it) while other requests were in flight with it (`QUEUEING`), or the engines'
+  own queue (flow/pressure.py). A late first token with the pool otherwise empty is its own
+  prompt's prefill or a busy host: no lower limit would make it faster.
+- Whole (non-streamed) answers have no first token, and their latency grows with their length and
+  their prompt (a one-token answer to a long prompt is all prefill): they can only grow the limit,
+  never cut it. Each is judged per generated token against the best per-token latency seen lately
+  (the gradient again): at that best it counts as no latency, at `WHOLE_TOLERANCE` x as right at
+  the target, and beyond that it teaches nothing.
+- Idle time teaches nothing about capacity: the limit stays. After a pause (the pool empty) slow
+  start resumes from it and forgets the climb's fastest first token (the pace of a lone request
+  says nothing about a burst's, whose prefills share the engines' steps).
 """
 
 from __future__ import annotations
@@ -34,8 +41,9 @@ from time import monotonic
 GROWTH = 0.25
 # Slow start adds slots per sample below this share of the target.
 SLOW_START_BELOW = 0.5
-# An empty pool for this many targets counts as idle.
-IDLE_S = 10.0
+# A late first token is evidence of full engines only if at least this many requests (itself
+# included) were in flight when it came back.
+QUEUEING = 2
 # A whole answer this many times slower per token than the best seen lately misses the target.
 WHOLE_TOLERANCE = 2.0
 # Each whole answer moves the best this share of the way toward itself: a best set in a quiet
@@ -55,7 +63,7 @@ GRADIENT_FLOOR = 0.7
 class AimdLimiter:
     """Bounds (`floor <= initial <= ceiling`, `0 < backoff < 1`) are FlowSettings' to validate."""
 
-    __slots__ = ("_backoff", "_best_per_token", "_clock", "_first_token", "_floor", "_initial",
+    __slots__ = ("_backoff", "_base", "_best_per_token", "_clock", "_first_token", "_floor",
                  "_last_cut", "_limit", "ceiling", "limit", "slow_start", "target_s")
 
     def __init__(
@@ -63,7 +71,7 @@ class AimdLimiter:
         clock: Callable[[], float] = monotonic,
     ) -> None:
         self._limit = float(initial)
-        self._initial = initial
+        self._base = float(initial)  # the limit slow start last resumed from
         # True while the limit climbs from a start or a pause: no first token yet at half the
         # target or later, and nothing cut. False once the engines have shown their capacity.
         self.slow_start = True
@@ -85,17 +93,20 @@ class AimdLimiter:
 
     def on_sample(self, latency_s: float, dispatched_at: float, in_flight: int, *,
                   turnover_s: float | None = None) -> None:
-        """One request's upstream TTFT; `in_flight` counts admitted requests at that moment;
-        `turnover_s` is the time the sample took to come back when it differs from `latency_s`
-        (a whole answer's, judged on another scale)."""
+        """One request's upstream TTFT; `in_flight` counts admitted requests at that moment
+        (itself included); `turnover_s` is the time a whole answer took to come back (it is
+        judged on another scale, `latency_s`, and may only grow the limit)."""
+        late = latency_s >= SLOW_START_BELOW * self.target_s
+        if late and (turnover_s is not None or in_flight < QUEUEING):
+            return  # no evidence of full engines: a whole answer, or a request alone
         if self.slow_start:
             took = latency_s if turnover_s is None else turnover_s
-            if latency_s >= SLOW_START_BELOW * self.target_s:
+            if late:
                 # The engines queue enough to show in the first token: the limit met their capacity.
                 self.slow_start = False
                 if self._first_token > 0.0 and latency_s <= self.target_s:  # a miss cuts below
-                    self._set(self._limit * min(1.0, max(GRADIENT_FLOOR, GRADIENT_TOLERANCE
-                                                         * self._first_token / took)))
+                    self._set(max(min(self._base, self._limit), self._limit * min(
+                        1.0, max(GRADIENT_FLOOR, GRADIENT_TOLERANCE * self._first_token / took))))
             elif self._first_token <= 0.0 or took < self._first_token:
                 self._first_token = took
         if latency_s > self.target_s:
@@ -129,15 +140,12 @@ class AimdLimiter:
         self.on_sample(self.target_s * (ratio - 1.0) / (WHOLE_TOLERANCE - 1.0), dispatched_at,
                        in_flight, turnover_s=latency_s)
 
-    def on_idle(self, idle_s: float) -> None:
-        """The pool has been empty for `idle_s`: decay toward the starting limit, slow start again."""
-        spells = int(idle_s / (IDLE_S * self.target_s))
-        if spells <= 0:
-            return
+    def on_idle(self) -> None:
+        """The pool emptied and a request comes: slow start resumes from the limit it has (idle
+        time is no evidence either way), without the pace of the last climb."""
         self.slow_start = True
-        self._first_token = 0.0  # the pace before the pause says little about the next burst
-        if self._limit > self._initial:
-            self._set(max(float(self._initial), self._limit / 2.0 ** min(spells, 30)))
+        self._first_token = 0.0
+        self._base = self._limit
 
     def set_ceiling(self, ceiling: int) -> None:
         """A new ceiling, when the pool's available replicas change: a lower one clamps the limit

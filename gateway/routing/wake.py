@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from gateway.errors import Unavailable
+from gateway.errors import Unavailable, retry_after_s
 from gateway.metrics import GatewayMetrics
 from gateway.routing.router import Router
 
@@ -67,7 +67,7 @@ class WakeGate:
                     wait = min(budget, WAKE_RETRY_AFTER_S)
                     raise Unavailable(
                         f"model '{target}' has no ready replica yet (its pool is scaling up from "
-                        f"zero); retry after {wait:.0f}s",
+                        f"zero); retry after {retry_after_s(wait)}s",
                         code="model_waking", retry_after=wait,
                     ) from None
         finally:

@@ -22,20 +22,26 @@ def admission(clock: FakeClock | None = None, **kw: object) -> tuple[Admission, 
     return Admission(s, m, clock or FakeClock()), m
 
 
-def pace(pool: Pool, clock: FakeClock, rate: float, climbing: bool = False) -> None:
-    """Teach an idle pool that it completes `rate` requests per second, the way it learns it in
-    service: requests finishing `1 / rate` apart on its clock, until the drain rate folds in.
-    Unless `climbing`, the pool is past slow start too, as a pool in service is: its drain rate
-    alone decides who may queue."""
+def pace(pool: Pool, clock: FakeClock, rate: float) -> None:
+    """Teach an idle pool that, with its limit in flight, it completes `rate` requests per second,
+    the way it learns it in service: requests one at a time, each taking `limit / rate` on its
+    clock (Little's law: the same pace)."""
     assert pool.in_flight == 0
-    for _ in range(int(rate) + 2):
+    took = pool.limiter.limit / rate
+    for _ in range(int(rate / pool.limiter.limit) + 2):
         assert pool.try_acquire()
-        clock.advance(1 / rate)
+        clock.advance(took)
         pool.release()
-    assert pool.drain.current() == pytest.approx(rate, rel=0.05)
-    if not climbing:
-        pool.sample(pool.limiter.target_s * 0.6, clock())  # over half the target: no more climb
-        assert not pool.limiter.slow_start
+    assert pool.pace.service_s == pytest.approx(took, rel=0.05)
+
+
+def in_service(pool: Pool, clock: FakeClock) -> None:
+    """The requests in flight had a late first token together: evidence of full engines ends slow
+    start (which a pool resumes after every pause), so its measured pace alone decides who may
+    queue."""
+    assert pool.in_flight >= 2
+    pool.sample(pool.limiter.target_s * 0.6, clock())
+    assert not pool.limiter.slow_start
 
 
 def sample(m: GatewayMetrics, name: str, **labels: str) -> float:
@@ -70,6 +76,7 @@ async def test_a_queued_request_is_sent_over_the_limit_at_its_deadline_not_refus
     # The pool drains fast, so the wait estimate admits the request to the queue ...
     pace(pool, clock, 1000.0)
     pool.try_acquire(), pool.try_acquire()
+    in_service(pool, clock)
     start = time.monotonic()
     await pool.acquire(t, 1)  # ... but nothing is released: at the deadline it goes anyway
     # Not before the queue timeout (the bound this test is about); the upper margin only tells
@@ -90,6 +97,7 @@ async def test_hopeless_wait_is_refused_at_once_with_computed_retry_after() -> N
     t = adm.tenants.for_key(None)
     pace(pool, clock, 2.0)  # 2 completions/s: the first queued waits ~0.5 s > 0.2 s timeout
     pool.try_acquire(), pool.try_acquire()
+    in_service(pool, clock)
     with pytest.raises(Unavailable) as info:
         await pool.acquire(t, 1)
     # Refused at the door: it never entered the queue (which would have meant a 0.2 s wait).
@@ -104,6 +112,7 @@ async def test_a_wait_close_to_the_timeout_is_refused_at_once_not_after_it() -> 
     pool = adm.pool("demo")
     pace(pool, clock, 6.0)  # the first in line expects ~0.17 s: inside the timeout, but barely
     pool.try_acquire(), pool.try_acquire()
+    in_service(pool, clock)
     with pytest.raises(Unavailable):
         await pool.acquire(adm.tenants.for_key(None), 1)
     assert len(pool.queue) == 0  # refused at the door, not after waiting out the timeout
@@ -116,6 +125,7 @@ async def test_full_queue_is_refused_at_once() -> None:
     pool = adm.pool("demo")
     pace(pool, clock, 1000.0)
     pool.try_acquire(), pool.try_acquire()
+    in_service(pool, clock)
     with pytest.raises(Unavailable, match="queue is full"):
         await pool.acquire(adm.tenants.for_key(None), 1)
 
@@ -180,6 +190,7 @@ async def test_a_tenant_below_its_share_gets_a_slot_even_when_a_heavy_one_fills_
     pace(pool, clock, 0.5)  # completions are slow: any wait would be refused at the door
     for _ in range(4):
         await pool.acquire(heavy, 1)
+    in_service(pool, clock)
     with pytest.raises(Unavailable):
         await pool.acquire(heavy, 1)  # above its share: the queue and its estimate apply
     await pool.acquire(light, 1)  # 0 of a share of 2: admitted at once, above the limit
@@ -201,6 +212,7 @@ async def test_weights_set_the_shares() -> None:
     pace(pool, clock, 0.5)
     for _ in range(8):
         await pool.acquire(small, 1)
+    in_service(pool, clock)
     for _ in range(6):  # 3/4 of 8
         await pool.acquire(big, 1)
     with pytest.raises(Unavailable):
@@ -222,7 +234,7 @@ async def test_slots_the_limit_grows_go_to_the_queue_at_once() -> None:
     adm, _ = admission(clock, max_queue=10, queue_timeout_s=1.0, ttft_target_s=4.0)
     pool = adm.pool("demo")
     t = adm.tenants.for_key(None)
-    pace(pool, clock, 100.0, climbing=True)
+    pace(pool, clock, 100.0)
     assert pool.try_acquire() and pool.try_acquire()
     waiters = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(3)]
     await asyncio.sleep(0)
@@ -254,25 +266,21 @@ def waiter(clock: FakeClock) -> Waiter:
     return Waiter(asyncio.get_running_loop().create_future(), "someone", 1, 1.0, clock())
 
 
-async def test_first_request_after_an_idle_spell_meets_a_decayed_limit() -> None:
+async def test_an_idle_spell_keeps_the_limit_and_resumes_slow_start() -> None:
+    """Idle time is no evidence about capacity: the limit learnt before a pause stays (it was
+    halved per spell of 10 targets, and the first burst after 15 s of silence was refused). The
+    climb resumes from it, without the pace of the requests before the pause: a lone request's
+    first token says nothing about a burst's."""
     clock = FakeClock()
-    pool = grown_pool(clock, in_flight=0)
-    clock.advance(10 * 0.8 * 2 + 0.1)  # two idle spells of 10 targets (0.8 s: 1.0 - 0.2 queue)
+    pool = grown_pool(clock, in_flight=2)
+    # Late, with another in flight: the engines are full, the climb overshot (gradient: -30%).
+    pool.sample(pool.limiter.target_s * 0.6, clock())
+    assert not pool.limiter.slow_start and pool.limiter.limit == 22
+    pool.release(), pool.release()
+    clock.advance(3600.0)
     assert pool.try_acquire()
-    assert pool.limiter.limit == 8
-
-
-async def test_an_idle_spell_decays_the_limit_once_when_the_fast_path_is_asked_twice() -> None:
-    """The proxy tries the fast path, then `acquire` tries it again: with nothing in flight and
-    the queue not yet empty (a waiter whose client left, before its cleanup), both calls see the
-    same idle spell, and it must halve the limit once, not twice."""
-    clock = FakeClock()
-    pool = grown_pool(clock, in_flight=0)
-    pool.queue.push(waiter(clock))
-    clock.advance(10 * 0.8 + 0.1)  # one idle spell of 10 targets
-    assert not pool.try_acquire()
-    assert not pool.try_acquire()
-    assert pool.limiter.limit == 16
+    assert pool.limiter.limit == 22 and pool.limiter.slow_start
+    assert pool.limiter.first_token_s == 0.0
 
 
 async def test_a_busy_spell_ending_with_a_leaving_waiter_is_not_idle() -> None:
