@@ -35,6 +35,11 @@ def build_discovery(settings: GatewaySettings) -> Discovery:
 
         assert settings.k8s_service is not None  # enforced by GatewaySettings
         return Kubernetes(settings.k8s_namespace, settings.k8s_service, settings.k8s_port)
+    if settings.discovery == "inferencepool":
+        from gateway.routing.discovery.inferencepool import InferencePoolPods
+
+        assert settings.epp.pool_name is not None  # enforced by GatewaySettings
+        return InferencePoolPods(settings.epp.pool_namespace, settings.epp.pool_name)
     return Static(settings.backends)
 
 

@@ -64,7 +64,42 @@ def slice_urls(slice_obj: Any, port: int | str) -> frozenset[str]:
         for a in ep.addresses or [])
 
 
-class Kubernetes:
+class Watching:
+    """A discovery source whose list/watch loop (`_run`, blocking: the kubernetes client is
+    synchronous) runs in a daemon thread and hands each URL set to the event loop."""
+
+    def _run(self, stop: threading.Event, emit: Emit) -> None:
+        raise NotImplementedError
+
+    async def updates(self) -> AsyncGenerator[frozenset[str], None]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+        stop = threading.Event()
+
+        def emit(urls: frozenset[str]) -> None:
+            if stop.is_set():
+                return
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, urls)
+            except RuntimeError:  # the loop closed under us: nobody is listening any more
+                stop.set()
+
+        # Daemon: a watch blocked on a quiet stream ends at shutdown or at its timeout_seconds.
+        thread = threading.Thread(
+            target=self._run, args=(stop, emit), daemon=True, name="k8s-discovery")
+        thread.start()
+        last: frozenset[str] | None = None
+        try:
+            while True:
+                urls = await queue.get()
+                if urls != last:
+                    last = urls
+                    yield urls
+        finally:
+            stop.set()
+
+
+class Kubernetes(Watching):
     """Backends = ready endpoints of the EndpointSlices labelled kubernetes.io/service-name=S, on
     `port`: a number, or a port name (e.g. "http") resolved per slice."""
 
@@ -128,30 +163,3 @@ class Kubernetes:
             except Exception as exc:  # noqa: BLE001 - any network error: keep the last set, retry
                 log.warning("EndpointSlice discovery error: %r; retrying", exc)
                 stop.wait(self._retry_s)
-
-    async def updates(self) -> AsyncGenerator[frozenset[str], None]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[frozenset[str]] = asyncio.Queue()
-        stop = threading.Event()
-
-        def emit(urls: frozenset[str]) -> None:
-            if stop.is_set():
-                return
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, urls)
-            except RuntimeError:  # the loop closed under us: nobody is listening any more
-                stop.set()
-
-        # Daemon: a watch blocked on a quiet stream ends at shutdown or at its timeout_seconds.
-        thread = threading.Thread(
-            target=self._run, args=(stop, emit), daemon=True, name="k8s-discovery")
-        thread.start()
-        last: frozenset[str] | None = None
-        try:
-            while True:
-                urls = await queue.get()
-                if urls != last:
-                    last = urls
-                    yield urls
-        finally:
-            stop.set()
