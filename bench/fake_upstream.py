@@ -376,7 +376,6 @@ class _Protocol(asyncio.Protocol):
     async def _serve(self, req: _Request) -> None:
         u = self.u
         u.requests += 1
-        u.last_headers = req.headers
         close = req.headers.get("connection", "").lower() == "close"
         try:
             if req.path in ("/v1/chat/completions", "/v1/completions"):
@@ -433,6 +432,7 @@ class _Protocol(asyncio.Protocol):
     async def _completion(self, kind: str, req: _Request) -> None:
         u = self.u
         u.completions += 1
+        u.last_headers = req.headers
         b = u.behaviour
         try:
             body = orjson.loads(req.body)
@@ -534,7 +534,8 @@ class FakeUpstream:
         self.aborted = 0  # streams whose client went away before the end
         self.opened = 0  # connections accepted (keep-alive working: few per many requests)
         self.last_request: dict[str, Any] | None = None  # last completion body, parsed
-        self.last_headers: dict[str, str] = {}  # last request's headers, names lower-case
+        self.last_headers: dict[str, str] = {}  # last completion's headers, names lower-case
+        # (a completion's, as last_request: the gateway's probes come between)
         self.host = "127.0.0.1"
         self.port = 0
         self.connections: set[_Protocol] = set()
