@@ -142,6 +142,12 @@ class _Uploader:
 def push(
     settings: StoreSettings, local: Path, dst: S3Url, log: Log, base_model: str | None = None
 ) -> Manifest:
+    if not dst.prefix:
+        # Its manifest would make the whole bucket one model: `ls` would list its files, not the
+        # bucket's other models, and a pull of any of them would see a stray manifest above.
+        raise UsageError(
+            f"push needs a prefix under the bucket, e.g. {dst}/MODEL/REVISION: a model at the "
+            "bucket's root would hide the bucket's other models")
     sizes = _files_of(local)
     adapter = adapter_info(local, base_model)
     total = sum(sizes.values())

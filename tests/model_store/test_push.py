@@ -74,6 +74,22 @@ def test_marker_is_not_pushed_and_ls_shows_models(s3: S3Env, tmp_path: Path) -> 
     one_line_error(s3.cli("ls", f"s3://{bucket}/half").stderr, "no models under")
 
 
+def test_refuses_a_bucket_root_that_would_hide_the_other_models(
+    s3: S3Env, tmp_path: Path
+) -> None:
+    local = write_model(tmp_path / "m", {"a.bin": 1000})
+    bucket = s3.bucket()
+    assert s3.cli("push", local, f"s3://{bucket}/llama/main").returncode == 0
+    for root in (f"s3://{bucket}", f"s3://{bucket}/"):
+        proc = s3.cli("push", local, root)
+        assert proc.returncode == 2, proc.stderr
+        one_line_error(proc.stderr, f"push needs a prefix under the bucket, e.g. s3://{bucket}/MODEL")
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert all(k.startswith("llama/main/") for k in keys)  # nothing written at the root
+    listing = s3.cli("ls", f"s3://{bucket}")
+    assert [ln.split()[0] for ln in listing.stdout.splitlines()] == [f"s3://{bucket}/llama/main"]
+
+
 def test_refuses_an_empty_or_missing_dir_or_a_broken_link(s3: S3Env, tmp_path: Path) -> None:
     bucket = s3.bucket()
     (tmp_path / "empty").mkdir()
