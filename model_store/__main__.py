@@ -1,5 +1,4 @@
-"""`llmserve-model-store VERB ...` (also `python -m model_store` and the older `model_store`
-console script).
+"""`llmserve-model-store VERB ...` (also `python -m model_store`).
 
 Every failure the user can cause or fix ends as one line `llmserve-model-store: error: ...` on
 stderr: exit code 2 for bad usage (a flag, a setting, an S3 URL), 1 when the transfer itself

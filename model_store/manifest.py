@@ -99,7 +99,7 @@ def fetch_manifest(client: Any, url: S3Url) -> Manifest:
     except ClientError as exc:
         if error_code(exc) in MISSING:
             raise StoreError(
-                f"no model at {url}: {where} not found (upload with `model_store push`)"
+                f"no model at {url}: {where} not found (upload with `llmserve-model-store push`)"
             ) from None
         raise translate(exc, client, url.bucket, where) from None
     except BotoCoreError as exc:  # botocore's connection and credential errors

@@ -14,8 +14,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
     "scripts"]
-# Older names kept for the docs and scripts that use them: name -> the CLI's own name.
-ALIASES = {"model_store": "llmserve-model-store"}
 # Every package with a __main__.py is a CLI.
 CLI_PACKAGES = sorted(p.parent.name for p in REPO.glob("*/__main__.py"))
 
@@ -29,7 +27,9 @@ def _entry(target: str) -> Callable[[list[str]], Any]:
 def test_every_cli_package_has_a_script() -> None:
     packages = {target.split(".")[0] for target in SCRIPTS.values()}
     assert packages == set(CLI_PACKAGES)
-    assert all(name.startswith("llmserve-") or name in ALIASES for name in SCRIPTS)
+    # One name per CLI, the one it calls itself: no aliases.
+    assert all(name.startswith("llmserve-") for name in SCRIPTS)
+    assert len(SCRIPTS) == len(CLI_PACKAGES)
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
@@ -38,4 +38,4 @@ def test_help_exits_0_under_the_scripts_name(script: str,
     with pytest.raises(SystemExit) as exc:
         _entry(SCRIPTS[script])(["--help"])
     assert exc.value.code == 0
-    assert capsys.readouterr().out.startswith(f"usage: {ALIASES.get(script, script)} ")
+    assert capsys.readouterr().out.startswith(f"usage: {script} ")

@@ -1,6 +1,6 @@
 """A pool's LoRA adapters: what vLLM is told about them, and the checks before it loads them.
 
-Each adapter is a complete directory on the model volume (pulled by `model_store pull
+Each adapter is a complete directory on the model volume (pulled by `llmserve-model-store pull
 --base-model`, which writes its base and rank into the completion marker). Before vLLM starts,
 the launcher waits for every adapter's marker as for the model's, then checks here that each
 adapter was made for this model and derives `--max-lora-rank` from the adapters' ranks: vLLM

@@ -147,7 +147,7 @@ class WorkerSettings(BaseSettings):
     lora_adapters: Annotated[dict[str, Path], NoDecode] = Field(
         default_factory=dict,
         description="LoRA adapters loaded at start, name=directory (each a complete adapter "
-        "directory, pulled with `model_store pull --base-model`): 'a=/m/a,b=/m/b' or a JSON "
+        "directory, pulled with `llmserve-model-store pull --base-model`): 'a=/m/a,b=/m/b' or a JSON "
         "object. Clients send the name as `model`.",
     )
     lora: bool = Field(
