@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from model_store.adapter import ADAPTER_NAME
+from worker.rules import ENGINE_PORT
 
 # A request's longest wait for a pool at zero, unless its pool says otherwise; and the cap.
 DEFAULT_WAKE_BUDGET_S = 300.0
@@ -325,12 +326,13 @@ class GatewaySettings(BaseSettings):
         description="static backend base URLs, e.g. http://10.0.0.7:8000; several: repeat the "
                     "flag, or comma-separated, or a JSON list")
     dns_name: str | None = Field(None, description="headless Service name (discovery=dns)")
-    dns_port: int = Field(8000, ge=1, le=65535, description="backend port (discovery=dns)")
+    dns_port: int = Field(ENGINE_PORT, ge=1, le=65535, description="backend port (discovery=dns)")
     dns_interval_s: float = Field(5.0, gt=0, description="DNS re-resolution period")
     k8s_namespace: str | None = Field(
         None, description="namespace of the worker Service (discovery=kubernetes; default: own)")
     k8s_service: str | None = Field(None, description="worker Service name (discovery=kubernetes)")
-    k8s_port: int = Field(8000, ge=1, le=65535, description="backend port (discovery=kubernetes)")
+    k8s_port: int = Field(
+        ENGINE_PORT, ge=1, le=65535, description="backend port (discovery=kubernetes)")
 
     routing_policy: PolicyName = Field(
         "prefix_affinity",

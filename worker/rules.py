@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 POOL_NAME_MAX = 63
+# The engines' API port (the worker's WORKER_PORT): where the gateway finds them by default, and
+# the chart's workerDefaults.port when unset.
+ENGINE_PORT = 8000
 POOL_NAME_PATTERN = rf"^[a-z]([-a-z0-9]{{0,{POOL_NAME_MAX - 2}}}[a-z0-9])?$"
 # A model or revision: one directory of the model volume (ROOT/<model>/<revision>/).
 PATH_PART_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"

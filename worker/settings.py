@@ -26,7 +26,14 @@ from pydantic_settings import (
 )
 
 from model_store import adapter
-from worker.rules import CPU_DTYPES, DTYPES, LORA_RANKS, group_problem, model_and_revision
+from worker.rules import (
+    CPU_DTYPES,
+    DTYPES,
+    ENGINE_PORT,
+    LORA_RANKS,
+    group_problem,
+    model_and_revision,
+)
 
 ENV_PREFIX = "WORKER_"
 
@@ -123,7 +130,7 @@ class WorkerSettings(BaseSettings):
 
     # --- serving -------------------------------------------------------------------------------
     host: str = Field("0.0.0.0", min_length=1, description="API bind address (leader only).")
-    port: int = Field(8000, ge=1, le=65535, description="API port (leader only).")
+    port: int = Field(ENGINE_PORT, ge=1, le=65535, description="API port (leader only).")
     extra_args: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Extra vLLM engine args appended verbatim: a JSON list or a shell-quoted "

@@ -476,7 +476,9 @@ SCHEMA: dict[str, Any] = {
             ],
         ),
         "models": {"type": "array", "items": model},
-        "workerDefaults": obj({"port": i(1, maximum=65535), **INFRA}, required=["port"]),
+        # port null: the worker's default (worker/rules.py ENGINE_PORT, through _rules.tpl).
+        "workerDefaults": obj({"port": {**field(WorkerSettings, "port"), "type": ["integer", "null"]},
+                               **INFRA}),
         "modelStorage": obj(
             {
                 "existingClaim": s(),
@@ -613,6 +615,7 @@ def render() -> str:
 TEMPLATE_RULES = {
     "llmserve.wakeBudgetMax": WAKE_BUDGET_MAX_S,
     "llmserve.default.masterPort": WorkerSettings.model_fields["master_port"].default,
+    "llmserve.default.workerPort": WorkerSettings.model_fields["port"].default,
 }
 
 

@@ -18,13 +18,14 @@ from typing import Any
 
 import helm_python
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from gateway.flow.keys import KeyFileError, load_keys
 from gateway.settings import GatewaySettings, declared_adapters, wake_budgets
 from model_store.errors import UsageError
 from model_store.s3url import S3Url
-from tests.deploy.manifests import Release, env_of, render
+from tests.deploy.manifests import REPO, Release, env_of, render
 from worker import rules
 from worker.settings import WorkerSettings
 
@@ -323,3 +324,20 @@ def test_an_admin_key_digest_renders_iff_the_gateway_takes_it(
     rel = both({"gateway": {"adminKey": {"sha256": digest}}}, loaded_chart, python is not None)
     if rel is not None:
         assert gateway_of(rel).admin_digest == bytes.fromhex(digest)
+
+
+def test_the_engine_port_is_stated_once(loaded_chart: helm_python.Chart) -> None:
+    """8000 lives in worker/rules.py: the worker's default, the gateway's default for its
+    backends, and (through the generated _rules.tpl) the chart's when workerDefaults.port is
+    unset, as it is in values.yaml."""
+    chart_values = yaml.safe_load((REPO / "deploy/helm/llmserve/values.yaml").read_text())
+    assert chart_values["workerDefaults"]["port"] is None
+    assert WorkerSettings.model_fields["port"].default == rules.ENGINE_PORT
+    for name in ("dns_port", "k8s_port"):
+        assert GatewaySettings.model_fields[name].default == rules.ENGINE_PORT
+    rel = render({"models": [_pool()]}, loaded=loaded_chart)
+    (pod,) = rel.worker_pods()
+    assert env_of(pod.container("worker"))["WORKER_PORT"] == str(rules.ENGINE_PORT)
+    assert gateway_of(rel).k8s_port == rules.ENGINE_PORT
+    (service,) = [s for s in rel.of_kind("Service") if s["metadata"]["name"].endswith("workers")]
+    assert [p["port"] for p in service["spec"]["ports"]] == [rules.ENGINE_PORT]

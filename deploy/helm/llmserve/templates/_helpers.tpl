@@ -154,6 +154,11 @@ an explicit false, 0 or "" in `over` wins: a pool can turn off what the defaults
 {{- end -}}
 {{- end -}}
 
+{{/* The engines' API port: workerDefaults.port, or the worker's default (_rules.tpl). */}}
+{{- define "llmserve.workerPort" -}}
+{{- if kindIs "invalid" .Values.workerDefaults.port -}}{{- include "llmserve.default.workerPort" . -}}{{- else -}}{{- int .Values.workerDefaults.port -}}{{- end -}}
+{{- end -}}
+
 {{/* A drain timeout: the explicit value, or the release's maxStreamSeconds. (dict "root" $ "value" x) */}}
 {{- define "llmserve.drainSeconds" -}}
 {{- if kindIs "invalid" .value -}}{{- int .root.Values.maxStreamSeconds -}}{{- else -}}{{- int .value -}}{{- end -}}

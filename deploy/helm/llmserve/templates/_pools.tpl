@@ -37,7 +37,7 @@ worker/rules.py, refuses a pipelineParallelSize that is not a multiple of multiN
 {{- end -}}
 {{- end -}}
 {{- $_ := set $m "replicas" (int (ternary 1 $m.replicas (kindIs "invalid" $m.replicas))) -}}
-{{- $_ := set $m "port" (int $root.Values.workerDefaults.port) -}}
+{{- $_ := set $m "port" (int (include "llmserve.workerPort" $root)) -}}
 {{- $_ := set $m "drainTimeoutSeconds" (include "llmserve.drainSeconds" (dict "root" $root "value" $m.drainTimeoutSeconds) | int) -}}
 {{- $tp := $m.tensorParallelSize -}}
 {{- $pp := $m.pipelineParallelSize -}}

@@ -47,12 +47,12 @@ maxReplicas/minReplicas x its limit when scaled out; NOTES says so).
 - name: GATEWAY_K8S_SERVICE
   value: {{ include "llmserve.workers.serviceName" . | quote }}
 - name: GATEWAY_K8S_PORT
-  value: {{ .Values.workerDefaults.port | int | toString | quote }}
+  value: {{ include "llmserve.workerPort" . | quote }}
 {{- else if eq $g.discovery "dns" }}
 - name: GATEWAY_DNS_NAME
   value: {{ printf "%s.%s.svc.%s" (include "llmserve.workers.serviceName" .) .Release.Namespace .Values.clusterDomain | quote }}
 - name: GATEWAY_DNS_PORT
-  value: {{ .Values.workerDefaults.port | int | toString | quote }}
+  value: {{ include "llmserve.workerPort" . | quote }}
 {{- else }}
 - name: GATEWAY_BACKENDS
   value: {{ toJson $g.backends | quote }}
