@@ -271,6 +271,18 @@ lora = obj(
     },
     description="LoRA adapters loaded by every replica of the pool (docs/lora.md)",
 )
+def override(schema: Any) -> Any:
+    """A pool's copy of a workerDefaults key: merged over the default key by key
+    (templates/_pools.tpl), so no key of its objects is required; the merge holds the required
+    ones, which workerDefaults must give. Arrays replace the default whole: left as they are."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return schema
+    out = {k: v for k, v in schema.items() if k != "required"}
+    if "properties" in out:
+        out["properties"] = {k: override(v) for k, v in out["properties"].items()}
+    return out
+
+
 model_props = {
     "name": NAME,
     "model": PATHPART,
@@ -290,7 +302,7 @@ model_props = {
     # vLLM's sleep mode (CUDA and ROCm only; the chart refuses it with device=cpu).
     "sleepMode": B,
     "lora": lora,
-    **INFRA,
+    **{key: override(value) for key, value in INFRA.items()},
 }
 model = obj(model_props, required=["name", "model", "source"])
 

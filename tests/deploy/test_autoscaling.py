@@ -132,6 +132,26 @@ def test_the_default_wake_budget_covers_the_start_up_probe(
     assert f"wait in the gateway, up to {budget}s (autoscaling.wakeBudgetSeconds" in rel.notes
 
 
+def test_a_pool_overrides_workerdefaults_key_by_key() -> None:
+    """values.yaml: any key of workerDefaults may be set per pool and wins. The schema refused a
+    pool's partial override (`autoscaling: {minReplicas: 0}` without `enabled`, a start-up probe
+    with only its failureThreshold), although the chart merges it over the default key by key."""
+    rel = render({
+        "workerDefaults": {"autoscaling": {"enabled": True, "prometheusAddress": PROMETHEUS}},
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "models": [_pool(autoscaling={"minReplicas": 0}, startupProbe={"failureThreshold": 30},
+                         rollout={"maxSurge": 1})]})
+    spec = rel.one("ScaledObject")["spec"]
+    # The default's enabled/engine with the pool's minimum; the cooldown from the pool's probe.
+    assert (spec["minReplicaCount"], spec["cooldownPeriod"]) == (0, 300)
+    assert wake_budgets(GatewaySettings(pools=gateway_pools(rel)).pools) == {"demo-model": 300}
+    (pod,) = rel.worker_pods()
+    probe = pod.container("worker")["startupProbe"]
+    assert (probe["periodSeconds"], probe["failureThreshold"]) == (10, 30)
+    assert rel.one("Deployment", "llm-llmserve-p")["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 1, "maxUnavailable": 0}
+
+
 def test_a_cooldown_matters_only_at_zero() -> None:
     """KEDA's cooldown is the wait before scaling to zero: a short one at minReplicas 1 is
     harmless, so it renders; at 0 it is refused (below)."""
