@@ -48,6 +48,9 @@ from devstack.cli import Parser
 
 MODEL = "demo"
 FINGERPRINT = "fp-fake"  # vLLM's system_fingerprint, placed where vLLM places it
+# The strings pydantic's lax mode (vLLM's request models) reads as booleans.
+_LAX_TRUE = frozenset(("1", "on", "t", "true", "y", "yes"))
+_LAX_BOOLS = _LAX_TRUE | frozenset(("0", "off", "f", "false", "n", "no"))
 _PROMPT_TOKENS = 5  # usage.prompt_tokens per prompt: the fake does not tokenize
 
 
@@ -440,8 +443,16 @@ class _Protocol(asyncio.Protocol):
                 raise TypeError("the body must be a JSON object")
             u.last_request = body
             n = body.get("max_tokens") or body.get("max_completion_tokens") or b.tokens
-            if isinstance(n, float) and n.is_integer():  # 5.0 is 5 to vLLM too (pydantic, lax)
+            # 5.0 and "5" are 5 to vLLM too (pydantic, lax)
+            if isinstance(n, float) and n.is_integer() or isinstance(n, str) and n.isdigit():
                 n = int(n)
+            if not isinstance(body.get("model"), str | None):
+                raise TypeError("model must be a string")  # as vLLM's request models
+            stream = body.get("stream")
+            if stream is not None and not isinstance(stream, bool):
+                if str(stream).lower() not in _LAX_BOOLS:
+                    raise TypeError("stream must be a boolean")
+                body = {**body, "stream": str(stream).lower() in _LAX_TRUE}
             if not isinstance(n, int) or n < 0:
                 raise TypeError("max_tokens must be a non-negative integer")
             if b.max_answer_tokens:

@@ -42,7 +42,7 @@ def ask_usage(req: ParsedRequest) -> bytes:
     (token metrics, per-key limits); the relay strips it again. Only the final usage: running
     usage (vLLM's continuous_usage_stats, sent only with include_usage) would ride on every chunk
     the client reads."""
-    so = req.body.get("stream_options") or {}
+    so = req.body.get("stream_options") or {}  # an object or absent (api/schemas.py)
     req.body["stream_options"] = {
         **{k: v for k, v in so.items() if k != "continuous_usage_stats"}, "include_usage": True}
     return orjson.dumps(req.body)

@@ -1,8 +1,9 @@
 """The gateway's OpenAPI document, served at /openapi.json.
 
 Written out, not generated: the completion endpoints are raw ASGI (app.FastLane), invisible to
-FastAPI. It states what the gateway checks (api/schemas.py) and every status it can answer, each
-error in OpenAI's shape; other fields are the engine's to validate. tests/gateway/api/
+FastAPI. It states what the gateway reads of a body (model and stream, api/schemas.py; docs/api.md)
+and every status it can answer; every other field, and whether a body is valid at all, is the
+engine's to judge: its 400 is relayed as it wrote it. tests/gateway/api/
 test_openapi.py holds the gateway to it with schemathesis. The admin API (/admin/, api/admin.py;
 docs/lora.md) is the operators', installed only with an admin key, and not in this document.
 """
@@ -10,8 +11,6 @@ docs/lora.md) is the operators', installed only with an admin key, and not in th
 from __future__ import annotations
 
 from typing import Any
-
-from gateway.api.schemas import COUNTS, RANGES
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"],
@@ -39,38 +38,18 @@ def _errors(*codes: str) -> dict[str, Any]:
             for c in codes}
 
 
-# Integers are what the JSON parser (orjson) reads, int64 or uint64: bigger ones are a 400.
-_INT64 = {"minimum": -(2**63), "maximum": 2**64 - 1}
-_COUNT = {"type": ["integer", "null"], "minimum": 1, "maximum": 2**64 - 1}
-
-# What gateway/api/schemas.py checks; anything else is the engine's to judge.
+# What the gateway reads of a body: every other field, and these fields' validity, are the
+# engine's to judge. Any JSON object is forwarded.
 _COMMON: dict[str, Any] = {
-    "model": {"type": "string", "minLength": 1},
-    "stream": {"type": ["boolean", "null"]},
-    **dict.fromkeys(COUNTS, _COUNT),
-    **{name: {"type": ["number", "null"], "minimum": lo, "maximum": hi}
-       for name, (lo, hi) in RANGES.items()},
+    "model": {"description": "the model (or LoRA adapter) to route to; absent or not a "
+                             "non-empty string: the one model served, or a 400 when several are"},
+    "stream": {"description": "read as the engine reads it (true, \"true\", 1 ...): the answer "
+                              "streams as server-sent events"},
 }
-
-_CHAT = {
-    "type": "object", "required": ["model", "messages"],
-    "properties": {**_COMMON, "messages": {
-        "type": "array", "minItems": 1,
-        "items": {"type": "object", "required": ["role"],
-                  "properties": {"role": {"type": "string"}}},
-    }},
-}
-
-_TOKENS = {"type": "array", "minItems": 1, "items": {"type": "integer", **_INT64}}
-_COMPLETION = {
-    "type": "object", "required": ["model", "prompt"],
-    "properties": {**_COMMON, "prompt": {"anyOf": [
-        {"type": "string"},
-        {"type": "array", "minItems": 1, "items": {"type": "string"}},
-        _TOKENS,
-        {"type": "array", "minItems": 1, "items": _TOKENS},
-    ]}},
-}
+_CHAT = {"type": "object", "properties": {
+    **_COMMON, "messages": {"description": "the conversation; the engine validates it"}}}
+_COMPLETION = {"type": "object", "properties": {
+    **_COMMON, "prompt": {"description": "the prompt; the engine validates it"}}}
 
 
 def _completion_op(summary: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -22,11 +21,11 @@ from gateway.api.deps import ProxyDeps
 from gateway.api.endpoints import Endpoint
 from gateway.api.forward import Forwarder
 from gateway.api.inflight import DRAIN_EXPIRED, Exchange
+from gateway.api.replicas import default_model
 from gateway.api.schemas import ParsedRequest, encoding_error, parse_other, parse_request
 from gateway.api.splice import WRITER_KEY, ClientWriter
-from gateway.errors import GatewayError, InvalidRequest, send_error, sse_error_event
+from gateway.errors import GatewayError, send_error, sse_error_event
 from gateway.flow.door import admit
-from gateway.routing.router import Router
 
 log = logging.getLogger("gateway.proxy")
 
@@ -54,18 +53,6 @@ def _content_type(scope: Scope) -> bytes:
     return b""
 
 
-def default_model(router: Router, parent_of: Callable[[str], str | None]) -> str:
-    """The model a request without one goes to: the one base model served, as an engine serving
-    it would use its own; with several, the request must say which (OpenAI's 400)."""
-    bases = [m for m in router.models() if parent_of(m) is None]
-    if len(bases) == 1:
-        return bases[0]
-    raise InvalidRequest(
-        "model is required: this gateway serves " + (
-            f"{len(bases)} models ({', '.join(bases)})" if bases else "no model yet"),
-        param="model")
-
-
 class ProxyEndpoint:
     def __init__(self, deps: ProxyDeps, endpoint: Endpoint) -> None:
         self._d = deps
@@ -80,15 +67,18 @@ class ProxyEndpoint:
             raw = await read_body(receive)
             if self._kind == "other":
                 req = parse_other(raw, self._endpoint, _content_type(scope))
-                if not req.model and self._endpoint.route != "any":
-                    req.model = default_model(self._d.router, self._d.parent_of)
             else:
                 req = parse_request(raw, self._kind)
+                if not req.readable:
+                    # A compressed body: the engine could not read it either; say why.
+                    unsupported = encoding_error(scope["headers"])
+                    if unsupported is not None:
+                        raise unsupported
+            if not req.model and self._endpoint.route != "any":
+                req.model = default_model(self._d.router, self._d.parent_of)
         except ClientGone:
             return
         except GatewayError as exc:
-            if isinstance(exc, InvalidRequest):
-                exc = encoding_error(scope["headers"]) or exc
             await send_error(send, exc)
             return
 

@@ -14,10 +14,18 @@ from starlette.types import Scope
 
 from gateway.api.deps import ProxyDeps
 from gateway.api.schemas import ParsedRequest
-from gateway.errors import GatewayError, ModelNotFound, NotFound, Unavailable, UpstreamFailed
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    NotFound,
+    Unavailable,
+    UpstreamFailed,
+)
 from gateway.flow.batcher import UpstreamCall
 from gateway.routing.backend import Backend
 from gateway.routing.policy import RouteRequest
+from gateway.routing.router import Router
 
 # The error code of a worker that drains for a restart (worker/drain.py says the same).
 DRAINING_CODE = "draining"
@@ -43,6 +51,19 @@ def route_request(req: ParsedRequest, scope: Scope, session_header: bytes,
             return RouteRequest(req.model, None, prompt.encode() if isinstance(prompt, str)
                                 else orjson.dumps(prompt))
     return RouteRequest(req.model, None)
+
+
+def default_model(router: Router, parent_of: Callable[[str], str | None]) -> str:
+    """The model a request without one goes to: the one base model served, as an engine serving
+    it would use its own (the body is forwarded without one); with several, the request must say
+    which (a 400)."""
+    bases = [m for m in router.models() if parent_of(m) is None]
+    if len(bases) == 1:
+        return bases[0]
+    raise InvalidRequest(
+        "model is required: this gateway serves " + (
+            f"{len(bases)} models ({', '.join(bases)})" if bases else "no model yet"),
+        param="model")
 
 
 def any_model(d: ProxyDeps) -> str:

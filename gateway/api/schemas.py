@@ -1,7 +1,8 @@
-"""Request validation for the OpenAI endpoints the gateway proxies, by hand: it runs on every
-request, and the engine validates the long tail of sampling fields itself. Checked here: what the
-gateway depends on (model, stream, stream_options) and the fields whose wrong types would surface
-as confusing engine errors, each answered with OpenAI's 400 naming the `param`.
+"""What the gateway reads of a request, by hand (it runs on every request): the model it routes
+by, whether the answer streams, whether the client asked for usage. Nothing else is judged here:
+the engine validates the request and answers for it, so the gateway never refuses what the engine
+would serve (docs/api.md). Values are read as vLLM's request models read them (pydantic's lax mode:
+"true" is true, "5" is 5); one the gateway cannot read is left for the engine to refuse.
 """
 
 from __future__ import annotations
@@ -14,102 +15,45 @@ import orjson
 
 from gateway.api.endpoints import Endpoint, Kind
 from gateway.api.form import form_fields
-from gateway.errors import InvalidRequest, UnsupportedMediaType
-
-# The sampling fields checked here (api/openapi.py documents them from the same tables).
-COUNTS = ("max_tokens", "max_completion_tokens", "n")  # integers >= 1
-RANGES = {"temperature": (0, 2), "top_p": (0, 1)}  # numbers within [lo, hi]
+from gateway.errors import UnsupportedMediaType
 
 
 @dataclass(slots=True)
 class ParsedRequest:
     kind: Kind
     body: dict[str, Any]
+    # "" when the request names none the gateway can read: the one model served answers it.
     model: str
     stream: bool
+    # The client asked for usage, or nothing may be asked on its behalf: nothing is stripped.
     client_wants_usage: bool
+    # The body is a JSON object (else the engine answers for it, or a 415 if it came compressed).
+    readable: bool = True
 
 
-def _is_int(v: object) -> bool:
-    # 5.0 is an integer to JSON Schema and to the engine (vLLM's pydantic models, lax mode). The
-    # parser reads integers beyond int64/uint64 as floats: those are out of range.
-    if isinstance(v, float):
-        return v.is_integer() and -(2.0**63) < v < 2.0**64
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_prompt(v: object) -> None:
-    if isinstance(v, str):
-        return
-    if isinstance(v, list) and v:
-        if all(isinstance(p, str) for p in v) or all(_is_int(p) for p in v):
-            return
-        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in v):
-            return
-    raise InvalidRequest(
-        "prompt must be a string, an array of strings, or an array (of arrays) of token ids",
-        param="prompt")
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    if not raw:
+        return None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
-    if not raw:
-        raise InvalidRequest("request body is empty; expected a JSON object")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc.msg}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
-
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("model is required and must be a non-empty string", param="model")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise InvalidRequest("stream must be a boolean", param="stream")
-
-    if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequest("messages must be a non-empty array", param="messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise InvalidRequest(
-                    f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
-    elif "prompt" not in body:
-        raise InvalidRequest("prompt is required", param="prompt")
-    else:
-        _check_prompt(body["prompt"])
-
-    wants_usage = False
+    """A completion request (chat or not). Never raises: what the gateway cannot read is
+    forwarded for the engine to answer."""
+    body = _json_object(raw)
+    if body is None:
+        return ParsedRequest(kind, {}, "", False, True, readable=False)
+    m = body.get("model")
+    stream = lax_true(body.get("stream"))
     so = body.get("stream_options")
-    if so is not None:
-        if not isinstance(so, dict):
-            raise InvalidRequest("stream_options must be an object", param="stream_options")
-        if not stream:
-            raise InvalidRequest(
-                "stream_options is only allowed when stream is true", param="stream_options")
-        # null is "not set", as for `stream` (and as vLLM reads it).
-        iu = so.get("include_usage")
-        if iu is None:
-            iu = False
-        if not isinstance(iu, bool):
-            raise InvalidRequest(
-                "stream_options.include_usage must be a boolean",
-                param="stream_options.include_usage")
-        wants_usage = iu
-
-    for name in COUNTS:
-        v = body.get(name)
-        if v is not None and (not _is_int(v) or v < 1):
-            raise InvalidRequest(f"{name} must be an integer >= 1", param=name)
-    for name, (lo, hi) in RANGES.items():
-        v = body.get(name)
-        if v is not None and (type(v) not in (int, float) or not lo <= v <= hi):
-            raise InvalidRequest(f"{name} must be a number between {lo:g} and {hi:g}", param=name)
-    return ParsedRequest(kind, body, model, stream, wants_usage)
+    # Usage is asked for on the client's behalf only where the request leaves room for it
+    # (stream_options absent, or an object): a malformed one goes to the engine untouched.
+    wants_usage = lax_true(so.get("include_usage")) if isinstance(so, dict) else so is not None
+    return ParsedRequest(kind, body, m if isinstance(m, str) else "", stream, wants_usage)
 
 
 _FORM_FIELDS = frozenset(("model", "stream"))
@@ -139,13 +83,8 @@ def parse_other(raw: bytes, endpoint: Endpoint, content_type: bytes) -> ParsedRe
         model = fields.get("model", "")
         stream = lax_true(fields.get("stream"))
     else:
-        if endpoint.route == "body" and raw:
-            try:
-                parsed = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                parsed = None
-            if isinstance(parsed, dict):
-                body = parsed
+        if endpoint.route == "body":
+            body = _json_object(raw) or {}
         m = body.get("model")
         model = m if isinstance(m, str) else ""
         stream = lax_true(body.get("stream"))

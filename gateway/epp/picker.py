@@ -21,9 +21,9 @@ from gateway.api.auth import AuthMiddleware, bearer_token
 from gateway.api.deps import ProxyDeps
 from gateway.api.endpoints import CHAT, COMPLETIONS, Kind
 from gateway.api.forward import ask_usage
-from gateway.api.replicas import no_replica, route_request
+from gateway.api.replicas import default_model, no_replica, route_request
 from gateway.api.schemas import ParsedRequest, encoding_error, parse_request
-from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, Unavailable
+from gateway.errors import GatewayError, PayloadTooLarge, Unavailable
 from gateway.flow.admission import Pool
 from gateway.flow.door import admit
 from gateway.flow.keys import KeyStore
@@ -96,10 +96,14 @@ class Picker:
         kind = ADMITTED.get(path.partition(b"?")[0])
         if kind is None:
             return self._route_other(body, exclude, subset)
+        req = parse_request(body, kind)
         try:
-            req = parse_request(body, kind)
-        except InvalidRequest as exc:
-            raise Refused(encoding_error(headers) or exc) from None
+            if not req.readable:
+                unsupported = encoding_error(headers)
+                if unsupported is not None:
+                    raise unsupported
+            if not req.model:  # the one model served answers it, as its engine would
+                req.model = default_model(d.router, d.parent_of)
         except GatewayError as exc:
             raise Refused(exc) from None
         try:

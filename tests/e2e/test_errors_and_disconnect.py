@@ -23,7 +23,8 @@ def assert_openai_error(resp: httpx.Response, status: int, code: str | None = No
     assert isinstance(err["message"], str) and err["message"]
     assert isinstance(err["type"], str)
     assert err["param"] is None or isinstance(err["param"], str)
-    assert err["code"] is None or isinstance(err["code"], str)
+    # The gateway's own codes are strings; the engine's, relayed as it wrote them, integers.
+    assert err["code"] is None or isinstance(err["code"], str | int)
     if code is not None:
         assert err["code"] == code
     return err
@@ -36,14 +37,16 @@ def test_unknown_model_is_404(stack: LocalStack) -> None:
 
 
 def test_malformed_json_and_wrong_types_are_400(stack: LocalStack, model_name: str) -> None:
+    # The engine judges them (the gateway forwards what it cannot read); its 400 is relayed
+    # (tests/e2e/test_differential.py compares it with the engine's own, byte for byte).
     url = stack.gateway_url + "/v1/chat/completions"
     r = loopback.post(url, content=b'{"model": ', headers={"content-type": "application/json"})
     assert_openai_error(r, 400)
     r = loopback.post(url, json={"model": model_name, "messages": "hi"})
-    assert assert_openai_error(r, 400)["param"] == "messages"
+    assert_openai_error(r, 400)
     r = loopback.post(url, json={"model": model_name, "messages": [{"role": "user", "content": "x"}],
                               "max_tokens": "ten"})
-    assert assert_openai_error(r, 400)["param"] == "max_tokens"
+    assert assert_openai_error(r, 400)["code"] == 400
 
 
 def test_engine_side_validation_error_keeps_openai_shape(stack: LocalStack,
