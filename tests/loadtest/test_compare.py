@@ -110,6 +110,36 @@ def test_help_exits_0_and_names_the_command(capsys: pytest.CaptureFixture[str]) 
     assert out.startswith(f"usage: {PROG} ") and "compare" in out
 
 
+# Runs the CLI in a fresh interpreter where the loadtest extra's modules cannot be found, as on an
+# install without `llmserve[loadtest]`.
+WITHOUT_EXTRA = """
+import importlib.abc, sys
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {missing}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+sys.meta_path.insert(0, NotInstalled())
+from loadtest.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("missing", [("httpx", "locust", "matplotlib"), ("matplotlib",)])
+def test_compare_without_the_loadtest_extra_names_it_in_one_line(
+        missing: tuple[str, ...], tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRA.format(missing=set(missing)), "compare",
+         "--host", "http://127.0.0.1:1", "--target", "a=m", "--target", "b=m", "--users", "1",
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == EXIT_USAGE, done.stderr
+    usage_error(done.stderr, PROG + " compare",
+                f"needs the loadtest extra ({', '.join(missing)} not installed): "
+                "pip install 'llmserve[loadtest]'")
+
+
 @pytest.mark.parametrize(("argv", "fragment"), [
     ([], "the following arguments are required: command"),
     (["comprae"], "invalid choice: 'comprae' (choose from 'compare')"),
