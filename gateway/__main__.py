@@ -8,7 +8,7 @@ import sys
 from gateway.cli import fail, settings_from_args
 from gateway.flow.keys import KeyFileError
 from gateway.routing.discovery.base import DiscoveryError
-from gateway.server import run
+from gateway.server import ListenError, run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> None:
             run_epp(settings)
         else:
             run(settings)
-    except (DiscoveryError, KeyFileError) as exc:
-        # e.g. kubernetes discovery outside a cluster with no kube config, or a keys file that
-        # cannot be read or parsed: one line naming the setting, no traceback.
+    except (DiscoveryError, KeyFileError, ListenError) as exc:
+        # e.g. kubernetes discovery outside a cluster with no kube config, a keys file that
+        # cannot be read or parsed, a port in use: one line naming the setting, no traceback.
         fail(str(exc))
 
 

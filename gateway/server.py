@@ -19,7 +19,6 @@ import gc
 import logging
 import math
 import socket
-import sys
 from types import FrameType
 from typing import cast
 
@@ -78,33 +77,57 @@ def run(settings: GatewaySettings) -> None:
     # would make the process grow between full collections.
     gc.freeze()
     gc.set_threshold(_GC_GEN0, 20, 20)
-    server = _DrainingServer(config, state, edge)
+    # Both ports bound before uvicorn starts, so that a port in use is one line naming the
+    # setting (ListenError), before any start-up work or log line.
+    api = listen_socket(settings.host, settings.port, "GATEWAY_PORT")
+    probe_port = settings.edge.probe_port
+    probe = (listen_socket(settings.host, probe_port, "GATEWAY_EDGE__PROBE_PORT")
+             if probe_port is not None else None)
+    server = _DrainingServer(config, state, edge, probe)
     state.metrics.connections_open.set_function(lambda: len(server.server_state.connections))
     # uvicorn's set of running request tasks: a request counts from its head to its response's end.
     state.metrics.in_flight.set_function(lambda: len(server.server_state.tasks))
-    server.run()
+    server.run(sockets=[api])
+
+
+class ListenError(OSError):
+    """A port the gateway cannot listen on; the message names the setting."""
+
+
+def listen_socket(host: str, port: int, setting: str) -> socket.socket:
+    """A TCP socket bound to (host, port) as uvicorn binds one (SO_REUSEADDR), not listening
+    yet; ListenError when the address is in use or not this machine's."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(
+            f"{setting}={port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+    return sock
 
 
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server with the probe listener and the drain. Its own state has class-private
     names, so that no attribute a later uvicorn adds can collide with it."""
 
-    def __init__(self, config: uvicorn.Config, state: ProxyDeps, edge: Edge | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, state: ProxyDeps, edge: Edge | None = None,
+                 probe_socket: socket.socket | None = None) -> None:
         super().__init__(config)
         self.__state = state
         self.__edge = edge
+        self.__probe_socket = probe_socket
         self.__probe: tuple[asyncio.Server, ServerState] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        # The probes' own listener (gateway/edge/probe.py), bound before the lifespan starts (a
-        # port in use ends start-up before anything started); it serves once uvicorn's does.
-        if self.__edge is not None and self.__edge.settings.probe_port is not None:
-            try:
-                self.__probe = await open_probe_listener(
-                    self.config, self.__edge, cast(ASGIApp, self.config.loaded_app))
-            except OSError as exc:
-                log.error("probe listener on port %s: %s", self.__edge.settings.probe_port, exc)
-                sys.exit(3)  # uvicorn's STARTUP_FAILURE
+        # The probes' own listener (gateway/edge/probe.py), on the socket run() bound; it
+        # serves once uvicorn's does.
+        if self.__edge is not None and self.__probe_socket is not None:
+            self.__probe = await open_probe_listener(
+                self.config, self.__edge, cast(ASGIApp, self.config.loaded_app),
+                self.__probe_socket)
         await super().startup(sockets)
         if self.__probe is not None and self.started:
             await self.__probe[0].start_serving()

@@ -5,6 +5,7 @@ through a flood of the API port, and answer through the drain (/ready 503, /heal
 from __future__ import annotations
 
 import asyncio
+import socket
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import Config
@@ -17,12 +18,11 @@ from gateway.errors import NotFound, send_error
 PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
-async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp,
+async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp, sock: socket.socket,
                               ) -> tuple[asyncio.Server, ServerState]:
-    """Bind `edge.settings.probe_port`, on the API listener's host, with the edge's limits; it
-    serves once `start_serving()` is called. Returns the server and its connection set, for the
-    shutdown to close after the drain."""
-    assert edge.settings.probe_port is not None
+    """Listen on `sock` (bound to `edge.settings.probe_port` on the API listener's host) with
+    the edge's limits; it serves once `start_serving()` is called. Returns the server and its
+    connection set, for the shutdown to close after the drain."""
 
     async def probes_only(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in PROBE_PATHS:
@@ -42,6 +42,5 @@ async def open_probe_listener(config: Config, edge: Edge, app: ASGIApp,
         return protocol(config=probe, server_state=state, app_state={})
 
     server = await asyncio.get_running_loop().create_server(
-        factory, host=config.host, port=edge.settings.probe_port, backlog=config.backlog,
-        start_serving=False)
+        factory, sock=sock, backlog=config.backlog, start_serving=False)
     return server, state

@@ -59,18 +59,20 @@ def test_the_probe_port_answers_through_the_drain() -> None:
         assert gw.proc.wait(15) in (0, -signal.SIGTERM)
 
 
-def test_a_probe_port_in_use_fails_start_up_before_the_lifespan_starts() -> None:
+@pytest.mark.parametrize("which", ["GATEWAY_PORT", "GATEWAY_EDGE__PROBE_PORT"])
+def test_a_port_in_use_is_one_line_and_exit_2_before_start_up(which: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
+        port = taken.getsockname()[1]
+        api, probe = (port, free_port()) if which == "GATEWAY_PORT" else (free_port(), port)
         proc = subprocess.run(
-            [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(free_port()),
-             "--backend", "http://127.0.0.1:9", "--edge.probe-port",
-             str(taken.getsockname()[1])], capture_output=True, text=True, timeout=30,
-            check=False)
-    assert proc.returncode == 3
-    assert "probe listener on port" in proc.stderr and "Traceback" not in proc.stderr
-    assert "Waiting for application startup" not in proc.stderr, proc.stderr
+            [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(api),
+             "--backend", "http://127.0.0.1:9", "--edge.probe-port", str(probe)],
+            capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"llmserve-gateway: error: {which}={port}: cannot listen on "
+                           f"127.0.0.1:{port} (Address already in use)\n")
 
 
 def test_the_probe_port_must_differ_from_the_api_port() -> None:
