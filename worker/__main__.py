@@ -52,9 +52,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[WorkerSet
     parser.add_argument(
         "mode",
         nargs="?",
-        choices=("run", "argv"),
+        # `plan` has a parser of its own (main() hands it over before this one parses); listed
+        # here so that a mistyped mode names every mode there is.
+        choices=("run", "argv", "plan"),
         default="run",
-        help="run (default): start and supervise vLLM; argv: print its command as JSON",
+        help="run (default): start and supervise vLLM; argv: print its command as JSON; plan: "
+             "which layouts fit a model (`plan --help`)",
     )
     # Every WorkerSettings field as a flag, added by pydantic-settings' own CLI source; a flag not
     # given leaves the env var / LWS value / default in charge.

@@ -84,6 +84,11 @@ def test_arguments_after_double_dash_are_passed_to_vllm(
             ("argv", "--model-path", "/m", "--no-such-flag", "1"),
             "llmserve-worker: error: unrecognized arguments",
         ),
+        (
+            ("badmode",),
+            "llmserve-worker: error: argument mode: invalid choice: 'badmode' (choose from "
+            "'run', 'argv', 'plan')",
+        ),
     ],
 )
 def test_bad_settings_exit_2_with_one_line(args: tuple[str, ...], message: str) -> None:
