@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.datastructures import URL
+from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.admin import AdminAuthMiddleware, build_admin_routes
@@ -70,6 +72,9 @@ class FastLane:
             else:
                 self.endpoints[e.path] = entry
 
+    def _serves(self, path: str) -> bool:
+        return path in self.endpoints or match(path) is not None
+
     # Hands back the chosen app's awaitable: no frame of its own for every resume to pass through.
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         if scope["type"] == "http":
@@ -79,6 +84,10 @@ class FastLane:
                 pattern = match(path)
                 if pattern is not None:
                     entry = self._patterns[pattern]
+                elif path.endswith("/") and self._serves(path[:-1]):
+                    # As the engine (Starlette's redirect_slashes): 307 to the path without it.
+                    url = URL(scope=scope).replace(path=path[:-1])
+                    return RedirectResponse(str(url), status_code=307)(scope, receive, send)
             if entry is not None:
                 methods, endpoint = entry
                 if scope["method"] in methods:

@@ -165,3 +165,19 @@ def test_engine_errors_and_wrong_methods(upstreams: UpstreamFactory) -> None:
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         r = loopback.request("DELETE", gw.url + "/ping")
         assert r.status_code == 405 and r.headers["allow"] == "GET, POST"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions/", "/v1/completions/", "/tokenize/",
+                                  "/v1/responses/resp_1/", "/v1/models/"])
+def test_a_trailing_slash_is_the_engines_307(upstreams: UpstreamFactory, path: str) -> None:
+    # vLLM (Starlette's redirect_slashes) answers 307 to the path without the slash; clients
+    # that follow it (the OpenAI SDK's httpx does, keeping method and body) then get the answer.
+    up = upstreams(echo_other=True)
+    with run_gateway(backends=[url_of(up)]) as gw:
+        method = "GET" if path.startswith(("/v1/models", "/v1/responses")) else "POST"
+        r = loopback.request(method, gw.url + path + "?a=1", json={"model": "demo"})
+        assert r.status_code == 307
+        assert r.headers["location"] == gw.url + path[:-1] + "?a=1"
+        followed = loopback.request(method, gw.url + path, json={"model": "demo"},
+                                    follow_redirects=True)
+        assert followed.status_code == 200
