@@ -42,7 +42,7 @@ test: install model checkov-venv system-deps
 # process stacks, a real Prometheus, real-time waits), no chart rendering (`make chart-test`), no
 # loopback S3 or Redis server (the full tier runs them all).
 test-fast: install
-	$(BIN)/python -m pytest -m "not engine and not helm and not s3 and not redis and not slow" -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine and not helm and not s3 and not redis and not prometheus and not slow" -n 2 $(PYTEST_ARGS)
 
 # System packages the full suite runs for real, from Debian's archive: prometheus (the server and
 # promtool: alert rules, dashboard queries) and redis-server (limits shared between gateways).

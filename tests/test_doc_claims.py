@@ -1,0 +1,67 @@
+"""Claims the README and docs make about the code, checked against it: the classes they name
+exist, the settings they name are settings, and `make test-fast` needs no server."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import GatewaySettings
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", REPO / "deploy/README.md", *sorted((REPO / "docs").glob("*.md"))]
+# CamelCase names the docs take from other projects (Kubernetes, KEDA, locust, boto3).
+FOREIGN = {"AverageValue", "FastHttpUser", "IfNotPresent", "LLMInferenceService",
+           "ReadWriteOnce", "ScaledObject", "TransferManager"}
+
+
+def _python_names() -> set[str]:
+    listed = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout.split()
+    names: set[str] = set()
+    for path in listed:
+        text = (REPO / path).read_text(encoding="utf-8")
+        names.update(re.findall(r"^\s*(?:class|def)\s+(\w+)", text, re.MULTILINE))
+        names.update(re.findall(r"^(\w+)\s*(?::[^=\n]+)?=", text, re.MULTILINE))
+    return names
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_classes_a_doc_names_exist(doc: Path) -> None:
+    named = set(re.findall(r"`([A-Z][a-z]+[A-Z][A-Za-z]*)(?:\.\w+)?`", doc.read_text()))
+    missing = sorted(named - FOREIGN - _python_names())
+    assert not missing, f"{doc.name} names {missing}, which the code does not define"
+
+
+def _setting_exists(env: str) -> bool:
+    model: type = GatewaySettings
+    for part in env.removeprefix("GATEWAY_").lower().split("__"):
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        model = field.annotation if isinstance(field.annotation, type) else dict
+    return True
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_gateway_settings_a_doc_names_are_settings(doc: Path) -> None:
+    named = set(re.findall(r"\bGATEWAY_[A-Z0-9_]+[A-Z0-9]", doc.read_text()))
+    assert not sorted(n for n in named if not _setting_exists(n))
+    # Constants are not settings: a doc names the env var a user can set.
+    assert "`MAX_CHUNKS`" not in doc.read_text()
+
+
+def test_make_test_fast_needs_no_server() -> None:
+    """`make test-fast` runs without engines, chart rendering, S3, Redis, Prometheus or promtool:
+    its marker expression leaves out every marker for a server the machine may lack."""
+    make = (REPO / "Makefile").read_text()
+    (expression,) = re.findall(r"^test-fast:.*\n\t.*-m \"([^\"]+)\"", make, re.MULTILINE)
+    excluded = set(re.findall(r"not (\w+)", expression))
+    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    needing = {m.split(":")[0] for m in markers if ": needs" in m}
+    assert needing <= excluded, f"make test-fast runs tests that need {needing - excluded}"
+    assert "slow" in excluded
