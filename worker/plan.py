@@ -49,12 +49,16 @@ from worker.layout import (
     spec_sharding_problems,
 )
 from worker.rules import (
+    CONVERTS,
     DTYPES,
+    RUNNERS,
     model_and_revision,
     path_part_problem,
     place,
     pod_gpus,
     pool_name,
+    pooling_tag,
+    runner_problem,
 )
 
 PROG = "llmserve-worker plan"
@@ -269,8 +273,13 @@ def startup_seconds(spec: ModelSpec, layout: Layout, dtype: str | None, load_gbs
 
 def helm_pool(spec: ModelSpec, layout: Layout, model: str, revision: str, *,
               dtype: str | None, max_model_len: int, utilization: float,
-              load_gbs: float) -> dict[str, Any]:
-    """One entry of the chart's `models` list for this layout."""
+              load_gbs: float, runner: str = "auto", convert: str = "auto") -> dict[str, Any]:
+    """One entry of the chart's `models` list for this layout. A pooling pool (runner, convert:
+    worker/rules.py) is named and served apart from the model's generating pool."""
+    problem = runner_problem(runner, convert, runner_name="--runner", convert_name="--convert")
+    if problem:
+        raise LayoutError(problem)
+    tag = pooling_tag(runner, convert)
     if dtype is not None and dtype not in DTYPES and dtype not in QUANTIZE_ARGS:
         raise LayoutError(
             f"--dtype {dtype} sizes a checkpoint quantised ahead of time, which vLLM reads from "
@@ -282,10 +291,10 @@ def helm_pool(spec: ModelSpec, layout: Layout, model: str, revision: str, *,
             raise LayoutError(problem)
     startup = startup_seconds(spec, layout, dtype, load_gbs)
     pool: dict[str, Any] = {
-        "name": pool_name(model, layout.tp, layout.pp),
+        "name": pool_name(model, layout.tp, layout.pp, pooling=tag),
         "model": model,
         "revision": revision,
-        "servedModelName": model,
+        "servedModelName": f"{model}-{tag}" if tag else model,
         "source": {"s3": f"s3://models/{model}/{revision}"},
         "tensorParallelSize": layout.tp,
         "pipelineParallelSize": layout.pp,
@@ -295,6 +304,9 @@ def helm_pool(spec: ModelSpec, layout: Layout, model: str, revision: str, *,
         "startupProbe": {"periodSeconds": PROBE_PERIOD_S,
                          "failureThreshold": math.ceil(startup / PROBE_PERIOD_S)},
     }
+    for key, value in (("runner", runner), ("convert", convert)):
+        if value != "auto":
+            pool[key] = value
     if dtype in DTYPES:
         pool["dtype"] = dtype
     elif dtype in QUANTIZE_ARGS:
@@ -311,7 +323,7 @@ def helm_values(spec: ModelSpec, layout: Layout, args: argparse.Namespace) -> st
     model, revision = model_and_revision(args.model)
     pool = helm_pool(spec, layout, model, revision, dtype=args.dtype,
                      max_model_len=args.max_model_len, utilization=args.gpu_memory_utilization,
-                     load_gbs=args.load_gbs)
+                     load_gbs=args.load_gbs, runner=args.runner, convert=args.convert)
     pods = (f"one pod of {layout.gpus} GPU(s)" if layout.nodes == 1 else
             f"{layout.nodes} pods (one per node) of {pod_gpus(layout.tp, layout.pp, layout.nodes)}"
             " GPU(s)")
@@ -387,6 +399,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-gbs", type=_positive, default=0.25,
                    help="GB/s a pod reads its weights from the model volume, for --helm-values' "
                         "start-up probe (default 0.25: a network file share; local NVMe: 2+)")
+    p.add_argument("--runner", choices=RUNNERS, default="auto",
+                   help="vLLM's runner for --helm-values' pool: pooling serves embeddings, score, "
+                        "rerank and classify in a pool of its own (default auto: the model's)")
+    p.add_argument("--convert", choices=CONVERTS, default="auto",
+                   help="vLLM's conversion for --helm-values' pool: embed or classify serve a "
+                        "causal LM as a pooling model (default auto)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="machine-readable output (default: a table)")
     out.add_argument("--helm-values", action="store_true",

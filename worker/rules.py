@@ -13,6 +13,11 @@ The rules:
 - Pool names are DNS labels of at most POOL_NAME_MAX characters. The chart derives every
   resource name from them (hashing long ones), so the only limit left is the label value
   (`llmserve.io/pool`): 63.
+- A pool runs one of vLLM's runners: `generate` (chat, completions, responses) or `pooling`
+  (embeddings, score, rerank, classify, /pooling). `convert` adapts a model to pooling (a causal
+  LM served as an embedding model: `convert: embed`), so it needs the pooling runner; vLLM's
+  `auto` picks both from the architecture. A pooling pool is a pool of its own: its name says so
+  and it serves its model under a name of its own.
 - A model directory in the chart's layout, ROOT/<model>/<revision>/, names the model by its
   parent directory when its own name is a revision (main, or a commit hash).
 """
@@ -41,6 +46,13 @@ CPU_DTYPES = ("auto", "float32", "float")
 # vLLM's accepted --max-lora-rank values (vllm.config.lora.MaxLoRARanks): the worker's setting
 # and the chart's lora.maxLoraRank take these.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# vLLM's --runner values a pool takes ("draft" is a speculative decoder's, never a pool's).
+RUNNERS = ("auto", "generate", "pooling")
+# vLLM's --convert values: how a model is adapted to pooling; "auto" decides from the architecture
+# (a *ForCausalLM under --runner pooling becomes an embedding model).
+CONVERTS = ("auto", "none", "embed", "classify")
+# The conversions that make a pooling model of a generative one.
+POOLING_CONVERTS = ("embed", "classify")
 # Directory names that are revisions, not models: a branch or a commit hash.
 _REVISION = re.compile(r"^(main|[0-9a-f]{7,40})$")
 
@@ -97,15 +109,47 @@ def place(tp: int, pp: int, gpus_per_node: int, nodes: int) -> Placement | str:
             f"or a group of {need} nodes (nodes divide PP, each running whole stages); {limit}")
 
 
+def runner_problem(runner: str, convert: str, *, runner_name: str = "runner",
+                   convert_name: str = "convert") -> str | None:
+    """Why this runner and conversion contradict each other, or None. Names as the caller's user
+    knows them (WORKER_RUNNER, runner ...)."""
+    if runner == "generate" and convert in POOLING_CONVERTS:
+        return (f"{convert_name}={convert} makes a pooling model; it needs {runner_name}=pooling "
+                f"(or auto), not {runner_name}=generate")
+    return None
+
+
+def is_pooling(runner: str, convert: str) -> bool:
+    """A pool of pooling endpoints (embeddings, score, rerank, classify), as far as its settings
+    say: the pooling runner, or a pooling conversion (which vLLM's auto runner follows)."""
+    return runner == "pooling" or (runner == "auto" and convert in POOLING_CONVERTS)
+
+
+def pooling_tag(runner: str, convert: str) -> str | None:
+    """What a pooling pool pools, for its name and served model name (`embed`, `classify`, or
+    `pooling` when vLLM decides); None for a generating pool."""
+    if not is_pooling(runner, convert):
+        return None
+    return convert if convert in POOLING_CONVERTS else "pooling"
+
+
+def runner_args(runner: str, convert: str) -> list[str]:
+    """vLLM's flags for a runner and conversion: nothing for vLLM's own defaults (auto)."""
+    out = [] if runner == "auto" else ["--runner", runner]
+    return out + ([] if convert == "auto" else ["--convert", convert])
+
+
 def slug(text: str) -> str:
     """Lower-case letters, digits and single hyphens."""
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def pool_name(model: str, tp: int, pp: int) -> str:
-    """The pool name for a model and layout: `qwen2-5-72b-instruct-tp1pp2`. A name over
-    POOL_NAME_MAX keeps its start and gets a hash of the whole, so two long names stay apart."""
-    suffix = f"-tp{tp}" + (f"pp{pp}" if pp > 1 else "")
+def pool_name(model: str, tp: int, pp: int, *, pooling: str | None = None) -> str:
+    """The pool name for a model and layout: `qwen2-5-72b-instruct-tp1pp2`; a pooling pool says
+    what it pools (`pooling`: the conversion, or "pooling"): `smollm2-135m-instruct-embed-tp1`.
+    A name over POOL_NAME_MAX keeps its start and gets a hash of the whole, so two long names stay
+    apart."""
+    suffix = (f"-{pooling}" if pooling else "") + f"-tp{tp}" + (f"pp{pp}" if pp > 1 else "")
     base = slug(model) or "model"
     if not base[0].isalpha():
         base = "m-" + base

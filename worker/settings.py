@@ -27,12 +27,16 @@ from pydantic_settings import (
 
 from model_store import adapter
 from worker.rules import (
+    CONVERTS,
     CPU_DTYPES,
     DTYPES,
     ENGINE_PORT,
     LORA_RANKS,
+    RUNNERS,
     group_problem,
+    is_pooling,
     model_and_revision,
+    runner_problem,
 )
 
 ENV_PREFIX = "WORKER_"
@@ -90,6 +94,25 @@ class WorkerSettings(BaseSettings):
         None,
         description="Model name clients send in requests; default: the model's directory name "
         "(ROOT/<model>/<revision>/ names it <model>).",
+    )
+
+    # --- what the engine serves (worker/rules.py: runner_problem) ----------------------------
+    runner: str = Field(
+        "auto",
+        description=f"vLLM's --runner ({', '.join(RUNNERS)}): generate serves chat, completions "
+        "and responses; pooling serves embeddings, score, rerank, classify and /pooling; auto "
+        "follows the model's architecture.",
+    )
+    convert: str = Field(
+        "auto",
+        description=f"vLLM's --convert ({', '.join(CONVERTS)}): adapt the model to pooling, "
+        "e.g. embed serves a causal LM as an embedding model (with runner pooling or auto).",
+    )
+    responses_store: bool = Field(
+        False,
+        description="Keep Responses API results in the engine's memory "
+        "(VLLM_ENABLE_RESPONSES_API_STORE=1), so previous_response_id, GET and cancel by id "
+        "work; vLLM never evicts them (docs/responses.md).",
     )
 
     # --- parallelism ---------------------------------------------------------------------------
@@ -265,6 +288,20 @@ class WorkerSettings(BaseSettings):
             raise ValueError(f"vLLM takes one of {', '.join(map(str, LORA_RANKS))}")
         return value
 
+    @field_validator("runner")
+    @classmethod
+    def _known_runner(cls, value: str) -> str:
+        if value not in RUNNERS:
+            raise ValueError(f"unknown runner {value!r}; use one of {', '.join(RUNNERS)}")
+        return value
+
+    @field_validator("convert")
+    @classmethod
+    def _known_convert(cls, value: str) -> str:
+        if value not in CONVERTS:
+            raise ValueError(f"unknown convert {value!r}; use one of {', '.join(CONVERTS)}")
+        return value
+
     @field_validator("dtype")
     @classmethod
     def _known_dtype(cls, value: str) -> str:
@@ -297,6 +334,11 @@ class WorkerSettings(BaseSettings):
     @property
     def resolved_dtype(self) -> str:
         return "float32" if self.device == "cpu" and self.dtype == "auto" else self.dtype
+
+    @property
+    def pooling(self) -> bool:
+        """Serves pooling endpoints (embeddings, score, rerank, classify), not generation."""
+        return is_pooling(self.runner, self.convert)
 
     @property
     def is_leader(self) -> bool:
@@ -362,6 +404,15 @@ def _consistency_problems(s: WorkerSettings) -> list[str]:
     else:
         if s.cpu_threads_bind is not None:
             problems.append("WORKER_CPU_THREADS_BIND only applies to WORKER_DEVICE=cpu")
+    problem = runner_problem(s.runner, s.convert, runner_name="WORKER_RUNNER",
+                             convert_name="WORKER_CONVERT")
+    if problem:
+        problems.append(problem)
+    if s.responses_store and s.pooling:
+        problems.append(
+            "WORKER_RESPONSES_STORE is refused with a pooling runner: a pooling engine serves no "
+            "/v1/responses"
+        )
     if s.model_name in s.lora_adapters:
         problems.append(
             f"WORKER_LORA_ADAPTERS: adapter {s.model_name!r} has the model's own name"

@@ -295,6 +295,10 @@ model_props = {
     "multiNode": multinode,
     "replicas": i(0),
     "dtype": s(enum=list(rules.DTYPES)),
+    "runner": s(enum=list(rules.RUNNERS)),
+    "convert": s(enum=list(rules.CONVERTS)),
+    # Off with a pooling runner (runner_rules below): a pooling engine serves no /v1/responses.
+    "responsesStore": B,
     "maxModelLen": {"type": ["integer", "null"], "minimum": 1},
     "gpuMemoryUtilization": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "cpuKvcacheSpaceGib": i(1),
@@ -324,6 +328,27 @@ def group_rule(nodes: int) -> dict[str, Any]:
     }
 
 
+def _is(key: str, value: str) -> dict[str, Any]:
+    """`key` is `value`; for "auto", vLLM's and the chart's default, also when unset."""
+    given = {"properties": {key: {"const": value}}, "required": [key]}
+    return {"anyOf": [{"not": {"required": [key]}}, given]} if value == "auto" else given
+
+
+def runner_rules() -> list[dict[str, Any]]:
+    """worker/rules.py's runner rule for every (runner, convert) pair: a pair with a problem is
+    refused, and a pooling pair takes no responsesStore."""
+    out: list[dict[str, Any]] = []
+    for runner in rules.RUNNERS:
+        for convert in rules.CONVERTS:
+            pair = {"allOf": [_is("runner", runner), _is("convert", convert)]}
+            if rules.runner_problem(runner, convert) is not None:
+                out.append({"not": pair})
+            elif rules.is_pooling(runner, convert):
+                out.append({"if": pair,
+                            "then": {"properties": {"responsesStore": {"const": False}}}})
+    return out
+
+
 model["allOf"] = [
     # Half precision gives wrong answers on the CPU (see worker/settings.py).
     {
@@ -333,6 +358,7 @@ model["allOf"] = [
     # PP runs inside one pod without multiNode; across a group of nodes, each node runs whole
     # pipeline stages.
     *(group_rule(n) for n in range(2, rules.MAX_GROUP_NODES + 1)),
+    *runner_rules(),
 ]
 secctx = MAP
 SCHEMA: dict[str, Any] = {

@@ -187,6 +187,17 @@ MATRIX: dict[str, dict[str, Any]] = {
                    _pool("pp2", servedModelName="m-pp", pipelineParallelSize=2,
                          multiNode={"nodes": 2})],
     },
+    # A pooling pool beside a generating pool of the same model (worker/rules.py: runner rule),
+    # the generating one keeping Responses API results.
+    "pooling-and-responses-store": {
+        "models": [
+            _pool("smol", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
+                  responsesStore=True),
+            _pool("smol-embed", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
+                  servedModelName="SmolLM2-embed", runner="pooling", convert="embed"),
+            _pool("classify", convert="classify", servedModelName="demo-classify"),
+        ],
+    },
     "minio-with-its-credentials": {
         "minio": {"enabled": True},
         "models": [_pool("tp1", tensorParallelSize=1)],

@@ -81,6 +81,9 @@ def intended(pool: dict[str, Any], release: Release) -> dict[str, Any]:
     want["--dtype"] = "float32" if device == "cpu" and dtype == "auto" else dtype
     if pool.get("maxModelLen") is not None:
         want["--max-model-len"] = str(pool["maxModelLen"])
+    for key in ("runner", "convert"):
+        # vLLM's own default (auto) is left to vLLM: no flag.
+        want[f"--{key}"] = None if pool.get(key, "auto") == "auto" else pool[key]
     if device == "gpu":
         want["--gpu-memory-utilization"] = str(pool.get("gpuMemoryUtilization", 0.9))
     return {"model": f"{mount}/{pool['model']}/{pool.get('revision', 'main')}", **want}
@@ -134,6 +137,8 @@ def test_rendered_worker_env_gives_the_intended_vllm_command(
             limits = container["resources"]["limits"]
             gpus = sum(v for k, v in limits.items() if k.endswith("/gpu"))
             assert gpus == (settings.local_ranks if settings.device == "gpu" else 0), pod.name
+            store = command.env.get("VLLM_ENABLE_RESPONSES_API_STORE")
+            assert store == ("1" if pool.get("responsesStore") else None), pod.name
             if settings.device == "cpu":
                 assert command.env["VLLM_CPU_KVCACHE_SPACE"] == str(
                     pool.get("cpuKvcacheSpaceGib", 1)

@@ -63,10 +63,13 @@ def model_matrix(root: Path) -> dict[str, Path]:
 
 
 def feasible(path: Path, gpu: str, per_node: int, nodes: int, dtype: str | None,
-             max_len: int) -> tuple[list[Layout], argparse.Namespace]:
+             max_len: int, runner: str = "auto",
+             convert: str = "auto") -> tuple[list[Layout], argparse.Namespace]:
     """The planner's fitting layouts, and the parsed arguments --helm-values would see."""
     args = build_parser().parse_args([str(path), "--gpu", gpu, "--gpus-per-node", str(per_node),
-                                      "--nodes", str(nodes)] + (["--dtype", dtype] if dtype else []))
+                                      "--nodes", str(nodes), "--runner", runner,
+                                      "--convert", convert]
+                                     + (["--dtype", dtype] if dtype else []))
     spec = read_spec(path)
     args.max_model_len = min(max_len, spec.max_len)
     layouts = plan(spec, GPUS[gpu], per_node, nodes, dtype=dtype,
@@ -93,6 +96,7 @@ def worker_accepts(path: Path, pool: dict[str, Any]) -> None:
             node_rank=rank, master_addr="leader" if nodes > 1 else None,
             max_model_len=pool["maxModelLen"],
             gpu_memory_utilization=pool["gpuMemoryUtilization"],
+            runner=pool.get("runner", "auto"), convert=pool.get("convert", "auto"),
         )
         worker_preflight(path, settings, pod_gpus(tp, pp, nodes))
 

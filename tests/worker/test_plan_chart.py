@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.worker.planmatrix import MODELS, feasible, model_matrix, worker_accepts
 from worker.layout import read_spec
 from worker.plan import GPUS, helm_values
-from worker.rules import POOL_NAME_MAX
+from worker.rules import CONVERTS, POOL_NAME_MAX, RUNNERS, pooling_tag, runner_problem
 
 REPO = Path(__file__).resolve().parents[2]
 # Built once: jsonschema.validate() would check the schema itself on every call.
@@ -42,15 +42,17 @@ def test_the_matrix_is_the_one_the_strategies_draw_from(models: dict[str, Path])
 @given(case=st.sampled_from(MODELS), gpu=st.sampled_from(sorted(GPUS)),
        per_node=st.sampled_from([1, 2, 4, 8]), nodes=st.integers(1, 4),
        dtype=st.sampled_from([None, "bfloat16", "fp8"]),
-       max_len=st.sampled_from([2048, 8192, 32768]))
+       max_len=st.sampled_from([2048, 8192, 32768]),
+       pair=st.sampled_from([(r, c) for r in RUNNERS for c in CONVERTS
+                             if runner_problem(r, c) is None]))
 @settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_every_feasible_layout_renders_values_the_chart_and_the_worker_take(
     models: dict[str, Path], case: str, gpu: str, per_node: int, nodes: int,
-    dtype: str | None, max_len: int,
+    dtype: str | None, max_len: int, pair: tuple[str, str],
 ) -> None:
     path = models[case]
-    layouts, args = feasible(path, gpu, per_node, nodes, dtype, max_len)
+    layouts, args = feasible(path, gpu, per_node, nodes, dtype, max_len, *pair)
     for layout in layouts:
         text = helm_values(read_spec(path), layout, args)
         values = yaml.load(text, Loader=LOADER)
@@ -58,6 +60,10 @@ def test_every_feasible_layout_renders_values_the_chart_and_the_worker_take(
         (pool,) = values["models"]
         assert len(pool["name"]) <= POOL_NAME_MAX
         assert pool.get("multiNode", {}).get("nodes", 1) == layout.nodes
+        # A pooling pool is named and served apart from the model's generating pool.
+        tag = pooling_tag(*pair)
+        assert (pool["servedModelName"] != pool["model"]) == (tag is not None)
+        assert (pool.get("runner", "auto"), pool.get("convert", "auto")) == pair
         assert layout.dp * layout.gpus <= per_node * nodes
         worker_accepts(path, pool)
         # The saturated figure is the lower of the two bounds, and says which binds.

@@ -11,16 +11,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from worker.argv import Host, build_command
 from worker.rules import (
+    CONVERTS,
     MAX_GROUP_NODES,
     POOL_NAME_MAX,
     POOL_NAME_PATTERN,
+    RUNNERS,
     Placement,
     group_problem,
+    is_pooling,
     model_and_revision,
     place,
     pod_gpus,
     pool_name,
+    runner_problem,
 )
 from worker.settings import SettingsError, load_settings
 
@@ -165,3 +170,45 @@ def test_the_chart_schema_and_the_worker_agree_on_groups(pp: int, nodes: int) ->
 def test_the_chart_runs_pipeline_stages_in_one_pod() -> None:
     assert schema_accepts({"models": [_pool(tensorParallelSize=1, pipelineParallelSize=2)]})
     load_settings(model_path="/m/x", tensor_parallel_size=1, pipeline_parallel_size=2)
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("convert", CONVERTS)
+@pytest.mark.parametrize("store", [False, True])
+def test_the_chart_schema_and_the_worker_agree_on_runners(runner: str, convert: str,
+                                                          store: bool) -> None:
+    """Every runner, conversion and responses store: the chart takes exactly what the worker
+    takes, and vLLM gets the flags of the pair (none for its own default, auto)."""
+    chart = schema_accepts({"models": [_pool(runner=runner, convert=convert,
+                                             responsesStore=store)]})
+    try:
+        s = load_settings(model_path="/m/x", runner=runner, convert=convert,
+                          responses_store=store)
+    except SettingsError as exc:
+        assert "WORKER_CONVERT" in str(exc) or "WORKER_RESPONSES_STORE" in str(exc)
+        worker = False
+    else:
+        worker = True
+        argv = build_command(s, Host(python="python", cpus=(0,))).argv
+        assert ("--runner" in argv) == (runner != "auto")
+        assert ("--convert" in argv) == (convert != "auto")
+        if runner != "auto":
+            assert argv[argv.index("--runner") + 1] == runner
+    refused = runner_problem(runner, convert) is not None or (store and is_pooling(runner,
+                                                                                   convert))
+    assert chart == worker == (not refused)
+
+
+def test_an_unset_runner_is_auto_in_the_schema_too() -> None:
+    # The schema's rule reads an absent key as vLLM's default; convert alone makes a pooling pool.
+    assert not schema_accepts({"models": [_pool(convert="embed", responsesStore=True)]})
+    assert schema_accepts({"models": [_pool(convert="embed")]})
+    assert not schema_accepts({"models": [_pool(runner="generate", convert="classify")]})
+    assert not schema_accepts({"models": [_pool(runner="draft")]})
+
+
+def test_pooling_pools_are_named_apart() -> None:
+    assert pool_name("SmolLM2-135M-Instruct", 1, 1, pooling="embed") == (
+        "smollm2-135m-instruct-embed-tp1")
+    assert pool_name("SmolLM2-135M-Instruct", 1, 1) != pool_name("SmolLM2-135M-Instruct", 1, 1,
+                                                                  pooling="embed")

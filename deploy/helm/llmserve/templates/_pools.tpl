@@ -4,7 +4,8 @@ layout derived and checked. Returns YAML; callers do `include ... | fromYaml`.
   (dict "root" $ "pool" <entry of .Values.models> "index" <int>)
 
 Derived keys: resourceName, serving/multiNode flags, nodes (pods per group), gpusPerPod,
-modelDir, imageRef, lora (its LoRA adapters, normalised: _adapters.tpl).
+modelDir, imageRef, lora (its LoRA adapters, normalised: _adapters.tpl), pooling (the pool
+serves embeddings, score, rerank and classify, not generation: worker/rules.py is_pooling).
 
 The layout rule (worker/rules.py, which the planner and the worker apply too): tensor parallel
 stays inside a node (it needs the intra-node interconnect), pipeline stages are what crosses
@@ -22,6 +23,11 @@ worker/rules.py, refuses a pipelineParallelSize that is not a multiple of multiN
 {{- $_ := set $m "servedModelName" ($m.servedModelName | default $m.model) -}}
 {{- $_ := set $m "device" ($m.device | default "gpu") -}}
 {{- $_ := set $m "dtype" ($m.dtype | default "auto") -}}
+{{- $_ := set $m "runner" ($m.runner | default "auto") -}}
+{{- $_ := set $m "convert" ($m.convert | default "auto") -}}
+{{- /* worker/rules.py is_pooling (tests/deploy/test_pooling_chart.py checks every pair). */ -}}
+{{- $_ := set $m "pooling" (or (eq $m.runner "pooling") (and (eq $m.runner "auto") (has $m.convert (list "embed" "classify")))) -}}
+{{- $_ := set $m "responsesStore" (ternary true false (eq (toString $m.responsesStore) "true")) -}}
 {{- $_ := set $m "tensorParallelSize" (int ($m.tensorParallelSize | default 1)) -}}
 {{- $_ := set $m "pipelineParallelSize" (int ($m.pipelineParallelSize | default 1)) -}}
 {{- if and (hasKey .pool "replicas") ($m.autoscaling | default dict).enabled -}}
@@ -81,12 +87,21 @@ two long pool names never collide. */ -}}
 {{- define "llmserve.pools" -}}
 {{- $pools := list -}}
 {{- $seen := dict -}}
+{{- $served := dict -}}
 {{- range $i, $pool := .Values.models -}}
 {{- $m := include "llmserve.pool" (dict "root" $ "pool" $pool "index" $i) | fromYaml -}}
 {{- if hasKey $seen $m.name -}}
 {{- fail (printf "models[%d]: pool name %q is used twice" $i $m.name) -}}
 {{- end -}}
 {{- $_ := set $seen $m.name true -}}
+{{- /* The gateway routes by model name: a name served by a pooling pool and a generating one
+would send embeddings to engines that cannot pool, and chat to engines that cannot generate. */ -}}
+{{- $kind := ternary "pooling" "generate" $m.pooling -}}
+{{- $other := get $served $m.servedModelName -}}
+{{- if and $other (ne $other $kind) -}}
+{{- fail (printf "models[%d] (%s): servedModelName %q is served by a %s pool and a %s pool; give the pooling pool a servedModelName of its own" $i $m.name $m.servedModelName $other $kind) -}}
+{{- end -}}
+{{- $_ := set $served $m.servedModelName $kind -}}
 {{- $pools = append $pools $m -}}
 {{- end -}}
 {{- /* A request names a model or an adapter: one name may not mean both (the gateway refuses

@@ -37,6 +37,18 @@ llmserve.io/serving: "true"
   value: {{ $m.device | quote }}
 - name: WORKER_DTYPE
   value: {{ $m.dtype | quote }}
+{{- if ne $m.runner "auto" }}
+- name: WORKER_RUNNER
+  value: {{ $m.runner | quote }}
+{{- end }}
+{{- if ne $m.convert "auto" }}
+- name: WORKER_CONVERT
+  value: {{ $m.convert | quote }}
+{{- end }}
+{{- if $m.responsesStore }}
+- name: WORKER_RESPONSES_STORE
+  value: "true"
+{{- end }}
 - name: WORKER_TENSOR_PARALLEL_SIZE
   value: {{ $m.tensorParallelSize | int | toString | quote }}
 - name: WORKER_PIPELINE_PARALLEL_SIZE
