@@ -82,7 +82,8 @@ class FlowSettings(BaseModel):
         "normal", description="priority when neither the key nor x-llmserve-priority sets one")
     # Per-key limits across gateway replicas: one Redis for all, or each enforcing its share.
     limits_redis_url: str | None = Field(
-        None, description="Redis URL (redis://host:6379/0) holding per-key limits for every replica"
+        None, description="Redis URL (redis://host:6379/0) holding per-key limits for every "
+                          "replica, and where stored Responses API answers live (responses)"
     )
     limits_redis_fail: Literal["open", "closed"] = Field(
         "open", description="when Redis fails: admit (open) or answer 503 (closed)")
@@ -171,6 +172,23 @@ class EppSettings(BaseModel):
                           "(discovery=inferencepool)")
     pool_namespace: str | None = Field(
         None, description="the InferencePool's namespace (discovery=inferencepool; default: own)")
+
+
+class ResponsesSettings(BaseModel):
+    """Which replica holds each stored Responses API answer (gateway/routing/responses.py), so
+    previous_response_id, GET and cancel by id reach it. Shared through flow.limits_redis_url
+    when set (any gateway replica then serves the next turn), else kept by each replica."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ttl_s: float = Field(
+        7 * 86400.0, gt=0,
+        description="how long a response's replica is remembered (vLLM keeps a stored response "
+                    "as long as its engine runs)")
+    max_entries: int = Field(
+        100_000, ge=1,
+        description="responses remembered in this replica's memory (least recently used go "
+                    "first; about 200 bytes each)")
 
 
 class PoolLayout(BaseModel):
@@ -376,6 +394,7 @@ class GatewaySettings(BaseSettings):
                     "configuration holds no working key: printf %s KEY | sha256sum",
     )
     lora: LoraSettings = LoraSettings()
+    responses: ResponsesSettings = ResponsesSettings()
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="largest request body accepted (counted, not trusted)"
     )

@@ -12,15 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from time import monotonic
 from typing import Any
-
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from gateway.flow.buckets import Refusal
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
+from gateway.shared_redis import REDIS_ERRORS, Outage, connect
 
 log = logging.getLogger("llmserve.gateway.limits")
 
@@ -76,15 +73,13 @@ class SharedLimits:
 
     def __init__(self, settings: FlowSettings, metrics: GatewayMetrics) -> None:
         assert settings.limits_redis_url is not None
-        timeout = settings.limits_redis_timeout_s
-        self._redis: Any = aioredis.from_url(
-            settings.limits_redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
-            retry_on_timeout=False)
+        self._redis: Any = connect(settings.limits_redis_url, settings.limits_redis_timeout_s)
         self._script = self._redis.register_script(_SCRIPT)
         self._fail_closed = settings.limits_redis_fail == "closed"
         self._retry_s = settings.limits_redis_retry_s
-        self._down_until = 0.0
-        self._errors = metrics.shared_limit_errors
+        self._outage = Outage(log, "shared limits", self._retry_s,
+                              metrics.shared_limit_errors.inc)
+        self._fallback = "failing " + ("closed" if self._fail_closed else "open")
         # Debits run in the background; keep references so they are not collected mid-flight.
         self._pending: set[asyncio.Task[object]] = set()
 
@@ -93,22 +88,14 @@ class SharedLimits:
             await asyncio.gather(*self._pending, return_exceptions=True)
         await self._redis.aclose()
 
-    def _failed(self, exc: Exception) -> None:
-        self._errors.inc()
-        if monotonic() >= self._down_until:
-            log.warning("shared limits: Redis failed (%s); failing %s for %.0fs",
-                        type(exc).__name__, "closed" if self._fail_closed else "open",
-                        self._retry_s)
-        self._down_until = monotonic() + self._retry_s
-
     async def _call(self, tenant: str, op: str, rpm: float, tpm: float, n: float) -> str | None:
-        if monotonic() < self._down_until:
+        if self._outage.down:
             return None
         keys = [f"llmserve:limits:{{{tenant}}}:rpm", f"llmserve:limits:{{{tenant}}}:tpm"]
         try:
             out = await self._script(keys=keys, args=[op, rpm, tpm, n])
-        except (TimeoutError, RedisError, OSError) as exc:
-            self._failed(exc)
+        except REDIS_ERRORS as exc:
+            self._outage.failed(exc, self._fallback)
             return None
         return out.decode() if isinstance(out, bytes) else str(out)
 
