@@ -20,7 +20,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.router import Router
 from gateway.routing.wake import WakeGate
 from gateway.settings import GatewaySettings
-from gateway.transport.base import Transport
+from gateway.transport import Transport
 
 # Asked before routing a request to an endpoint marked `pinnable` (api/endpoints.py): the URL of
 # the backend that must answer it (the replica holding its state), or None to route it as usual.

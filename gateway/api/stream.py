@@ -26,7 +26,7 @@ from gateway.errors import GatewayError, UpstreamFailed, sse_error_event
 from gateway.flow.admission import Pool
 from gateway.flow.tenants import Tenant
 from gateway.routing.backend import Backend
-from gateway.transport.base import UpstreamResponse
+from gateway.transport import UpstreamResponse
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

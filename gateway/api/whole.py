@@ -16,7 +16,7 @@ from gateway.flow.admission import Pool
 from gateway.flow.batcher import Batcher
 from gateway.flow.tenants import Tenant
 from gateway.routing.backend import Backend
-from gateway.transport.base import UpstreamResponse
+from gateway.transport import UpstreamResponse
 from gateway.usage import body_usage
 
 

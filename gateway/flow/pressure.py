@@ -16,7 +16,7 @@ from gateway.errors import GatewayError
 from gateway.flow.admission import Admission
 from gateway.routing.backend import Backend
 from gateway.settings import FlowSettings
-from gateway.transport.base import Transport
+from gateway.transport import Transport
 
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"

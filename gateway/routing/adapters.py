@@ -21,7 +21,7 @@ from gateway.errors import GatewayError, RateLimitedLog
 from gateway.routing.backend import Backend
 from gateway.routing.router import Router
 from gateway.settings import LoraSettings
-from gateway.transport.base import Transport
+from gateway.transport import Transport
 from gateway.transport.prober import ModelCard
 
 log = logging.getLogger("gateway.adapters")

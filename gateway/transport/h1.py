@@ -1,5 +1,5 @@
-"""The default upstream transport (the interface is transport/base.py's): a lean HTTP/1.1 client
-on asyncio + httptools.
+"""The upstream transport: a lean HTTP/1.1 client on asyncio + httptools. The rest of the
+gateway knows it as `gateway.transport.Transport` and the `UpstreamResponse` it returns.
 
 httptools (the parser uvicorn uses) calls back per body chunk, that is per SSE event; this client
 collects the chunks in a list and hands each socket read to the reader once, however many events
@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import httptools
 
 from gateway.errors import UpstreamFailed, UpstreamTimeout
 from gateway.settings import Timeouts
-from gateway.transport.base import BodySink
 from gateway.transport.deadline import Deadline
+
+# Takes one body chunk and the loop time it arrived; returns False to stop being fed (the chunk
+# itself is consumed either way).
+BodySink = Callable[[bytes, float], bool]
 
 # Unread upstream bytes held per stream before we stop reading the socket (back-pressure).
 _HIGH_WATER = 256 * 1024

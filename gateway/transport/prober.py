@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import UpstreamFailed
-from gateway.transport.base import Transport
+from gateway.transport import Transport
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -273,3 +274,16 @@ async def test_push_hands_over_one_read_as_one_chunk() -> None:
     await t.close()
     srv.close()
     await srv.wait_closed()
+
+
+def test_the_transport_is_one_client_behind_the_packages_two_names() -> None:
+    """The other layers import `Transport` and `UpstreamResponse` from gateway.transport: h1.py's
+    client itself, not a Protocol with a single implementation beside it."""
+    import gateway.transport
+    from gateway.transport.h1 import H1Response, H1Transport
+
+    assert gateway.transport.Transport is H1Transport
+    assert gateway.transport.UpstreamResponse is H1Response
+    package = Path(gateway.transport.__file__).parent
+    assert sorted(p.name for p in package.glob("*.py")) == [
+        "__init__.py", "deadline.py", "h1.py", "prober.py"]
