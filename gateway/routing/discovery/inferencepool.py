@@ -15,6 +15,10 @@ import threading
 from typing import Any
 
 from kubernetes import client, watch
+
+# Imported here, not on the thread's first use: the core API's module takes seconds to load, and
+# start-up is the time for that, not the first discovery.
+from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from gateway.routing.discovery.kubernetes import (
@@ -70,8 +74,8 @@ class InferencePoolPods(Watching):
 
     def _run(self, stop: threading.Event, emit: Emit) -> None:
         # The client's models are loosely typed; treat its objects as Any at this boundary.
-        custom: Any = client.CustomObjectsApi(self._api_client)
-        core: Any = client.CoreV1Api(self._api_client)
+        custom: Any = CustomObjectsApi(self._api_client)
+        core: Any = CoreV1Api(self._api_client)
         ns = self._namespace
         while not stop.is_set():
             try:
