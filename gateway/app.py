@@ -15,16 +15,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.admin import AdminAuthMiddleware, build_admin_routes
 from gateway.api.auth import AuthMiddleware
+from gateway.api.batched import build_batcher
 from gateway.api.deps import ProxyDeps
 from gateway.api.endpoints import ENDPOINTS, Endpoint, match
 from gateway.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.api.openapi import openapi_schema
 from gateway.api.proxy import ProxyEndpoint
-from gateway.api.replicas import make_upstream_call
 from gateway.api.routes import build_routes
 from gateway.errors import MethodNotAllowed, install_handlers, send_error
 from gateway.flow.admission import Admission
-from gateway.flow.batcher import Batcher
 from gateway.flow.demand import Demand
 from gateway.flow.keys import load_keys
 from gateway.flow.pressure import PressureWatch
@@ -203,10 +202,8 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     app.openapi = lambda: document  # type: ignore[method-assign]
     install_handlers(app)
 
-    if settings.batch.enabled:
-        state.batcher = Batcher(
-            settings.batch, metrics, make_upstream_call(state, "/v1/completions"),
-            queued=admission.queued if admission is not None else lambda _: 0)
+    state.batcher = build_batcher(
+        settings.batch, state, admission.queued if admission is not None else lambda _: 0)
     app.include_router(
         build_routes(router, metrics, lambda: state.draining, settings.health_interval_s,
                      layouts_by_model(settings.pools), adapters.parent_of, core.engine_cards.get))

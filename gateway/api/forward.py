@@ -14,16 +14,16 @@ import orjson
 from starlette.types import Scope, Send
 
 from gateway.api.accounting import log_failure
+from gateway.api.batched import answer_batched, batchable
 from gateway.api.deps import ProxyDeps
 from gateway.api.endpoints import Endpoint
 from gateway.api.inflight import Exchange
 from gateway.api.replicas import any_model, check_answer, pinned, route_request, try_replicas
 from gateway.api.schemas import ParsedRequest
 from gateway.api.stream import relay_stream
-from gateway.api.whole import answer_batched, relay_whole
+from gateway.api.whole import relay_whole
 from gateway.errors import JSON_HEADERS, GatewayError, send_body, send_error, upstream_error_body
 from gateway.flow.admission import Pool
-from gateway.flow.batcher import batch_key
 from gateway.flow.tenants import Tenant
 from gateway.routing.backend import Backend
 
@@ -74,13 +74,10 @@ class Forwarder:
         rid = scope.get("state", {}).get("request_id")
         if rid:
             headers["x-request-id"] = rid
-        # Made-up model names skip the batcher, whose metrics and queues are per model.
-        if (d.batcher is not None and self._kind == "completion" and not req.stream
-                and d.router.knows_model(model)):
-            key = batch_key(req.body)
-            if key is not None:
-                await answer_batched(d, d.batcher, req, key, send, ex, tenant)
-                return
+        key = batchable(d, req) if self._kind == "completion" else None
+        if key is not None:
+            await answer_batched(d, req, key, send, ex, tenant)
+            return
 
         route = (route_request(req, scope, self._session_header, self._endpoint.prompt)
                  if d.router.wants_affinity(model) else None)

@@ -22,7 +22,6 @@ from gateway.errors import (
     Unavailable,
     UpstreamFailed,
 )
-from gateway.flow.batcher import UpstreamCall
 from gateway.routing.backend import Backend
 from gateway.routing.policy import RouteRequest
 from gateway.routing.router import Router
@@ -157,19 +156,3 @@ def no_replica(d: ProxyDeps, model: str) -> GatewayError:
         f"no healthy replica for model '{model}'", retry_after=d.settings.health_interval_s)
 
 
-def make_upstream_call(d: ProxyDeps, path: str) -> UpstreamCall:
-    """A whole-body POST with the proxy's replica choice and retries, for the batcher: nothing
-    reaches a client here, so every failure may be retried on another replica."""
-    headers = {"content-type": "application/json"}
-
-    async def call(model: str, body: bytes) -> tuple[int, bytes, str]:
-        async def attempt(backend: Backend) -> tuple[int, bytes, str]:
-            resp = await d.transport.post(backend.url + path, body, headers, streaming=False)
-            raw = await resp.read()
-            check_answer(d, backend, resp.status, raw)
-            d.router.report_success(backend)
-            return resp.status, raw, backend.url
-
-        return await try_replicas(d, model, path, [], attempt)
-
-    return call

@@ -1,4 +1,5 @@
-"""Whole (non-streamed) answers, from a replica or from the batcher: E2E is observed, not TTFT."""
+"""Whole (non-streamed) answers from a replica (the batcher's: api/batched.py): E2E is observed,
+not TTFT."""
 
 from __future__ import annotations
 
@@ -6,14 +7,12 @@ import asyncio
 
 from starlette.types import Send
 
-from gateway.api.accounting import count_usage, log_failure
+from gateway.api.accounting import count_usage
 from gateway.api.deps import ProxyDeps
-from gateway.api.endpoints import COMPLETIONS, Endpoint
-from gateway.api.inflight import Exchange
+from gateway.api.endpoints import Endpoint
 from gateway.api.schemas import ParsedRequest
-from gateway.errors import GatewayError, send_body, send_error, upstream_error_body
+from gateway.errors import send_body
 from gateway.flow.admission import Pool
-from gateway.flow.batcher import Batcher
 from gateway.flow.tenants import Tenant
 from gateway.routing.backend import Backend
 from gateway.transport import UpstreamResponse
@@ -50,25 +49,3 @@ async def relay_whole(
         pool.sample_whole(done - dispatched, counts[1], dispatched)
 
 
-async def answer_batched(
-    d: ProxyDeps, batcher: Batcher, req: ParsedRequest, key: bytes, send: Send, ex: Exchange,
-    tenant: Tenant | None,
-) -> None:
-    """Answer a completion through the batcher, which sends it upstream with others like it."""
-    try:
-        result = await batcher.submit(req.model, req.body, key)
-    except GatewayError as exc:
-        d.metrics.requests.labels(req.model, COMPLETIONS.label, "", str(exc.status)).inc()
-        log_failure(d.failures, ex, exc)
-        await send_error(send, exc)
-        return
-    body = result.body
-    if result.status != 200:
-        body = upstream_error_body(result.status, body, d.upstream_bodies, ex.rid) or body
-    await send_body(send, result.status, body)
-    m = d.metrics
-    # Once per client request, not per upstream call: a batch of N answers N requests.
-    m.requests.labels(req.model, COMPLETIONS.label, result.backend, str(result.status)).inc()
-    if result.status == 200:
-        m.e2e.labels(req.model).observe(asyncio.get_running_loop().time() - ex.started)
-        count_usage(m, req.model, tenant, result.usage)

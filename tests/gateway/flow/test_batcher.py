@@ -10,6 +10,7 @@ import pytest
 from gateway.flow.batcher import Batcher, batch_key, split
 from gateway.metrics import GatewayMetrics
 from gateway.settings import BatchSettings
+from tests.test_import_cycles import REPO, import_graph
 
 
 class FakeEngine:
@@ -134,3 +135,11 @@ async def test_a_member_that_leaves_does_not_cancel_the_batch() -> None:
     assert r.status == 200 and orjson.loads(r.body)["choices"][0]["text"] == "STAYSTAY"
     with pytest.raises(asyncio.CancelledError):
         await leaver
+
+
+def test_the_batcher_lives_in_its_module_and_the_proxys_glue() -> None:
+    """The batcher (flow/batcher.py) is reached from one module of the proxy, api/batched.py
+    (which requests, the upstream call, each member's answer); ProxyDeps only holds it."""
+    graph = import_graph(REPO, ("gateway",))
+    users = {m for m, imported in graph.items() if "gateway.flow.batcher" in imported}
+    assert users == {"gateway.api.batched", "gateway.api.deps"}
