@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.flow.keys import KeyFileError, load_keys
-from gateway.settings import GatewaySettings, declared_adapters, wake_budgets
+from gateway.settings import ADMIN_KEY_MIN, GatewaySettings, declared_adapters, wake_budgets
 from model_store.errors import UsageError
 from model_store.s3url import S3Url
 from tests.deploy.manifests import REPO, Release, env_of, render
@@ -341,3 +341,20 @@ def test_the_engine_port_is_stated_once(loaded_chart: helm_python.Chart) -> None
     assert gateway_of(rel).k8s_port == rules.ENGINE_PORT
     (service,) = [s for s in rel.of_kind("Service") if s["metadata"]["name"].endswith("workers")]
     assert [p["port"] for p in service["spec"]["ports"]] == [rules.ENGINE_PORT]
+
+
+@pytest.mark.parametrize(("secret", "digest"), [("admin", ""), ("", DIGEST), ("admin", DIGEST)])
+def test_an_admin_key_from_a_secret_or_a_digest_not_both(
+    secret: str, digest: str, loaded_chart: helm_python.Chart,
+) -> None:
+    # The Secret's key as the gateway reads it (GATEWAY_ADMIN_KEY), at its shortest length.
+    env = {**({"GATEWAY_ADMIN_KEY": "k" * ADMIN_KEY_MIN} if secret else {}),
+           **({"GATEWAY_ADMIN_KEY_SHA256": digest} if digest else {})}
+    python = gateway_loads(env)
+    rel = both({"gateway": {"adminKey": {"existingSecret": secret, "sha256": digest}}},
+               loaded_chart, python is not None)
+    if rel is not None:
+        (pod,) = [p for p in rel.pods() if p.role == "gateway"]
+        names = {e["name"] for e in pod.container("gateway")["env"]}
+        assert ("GATEWAY_ADMIN_KEY" in names) is bool(secret)
+        assert ("GATEWAY_ADMIN_KEY_SHA256" in names) is bool(digest)
