@@ -22,9 +22,9 @@ import pytest
 from tests import loopback
 from tests.autoscaler import pool_gauge
 from tests.deploy.manifests import REPO, env_of, render
-from tests.gateway.conftest import wait_for
 from tests.gateway.lora_upstream import LoraReplica, serve
 from tests.ports import free_port
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.helm
 

@@ -21,6 +21,7 @@ from gateway.settings import GatewaySettings
 from tests import loopback
 from tests.ports import free_port
 from tests.threadserver import serve_in_thread
+from tests.waiting import metric_sum
 
 
 class ClientWriter:
@@ -59,11 +60,7 @@ class RunningGateway:
 
     def metric(self, name: str) -> float:
         """Sum of all samples of `name` in the gateway's /metrics."""
-        total = 0.0
-        for line in loopback.get(self.url + "/metrics").text.splitlines():
-            if line.startswith((name + "{", name + " ")):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum(loopback.get(self.url + "/metrics").text, name)
 
 
 @contextlib.contextmanager
@@ -163,11 +160,3 @@ class BackgroundStream:
     def join(self, timeout_s: float = 30) -> str:
         self._thread.join(timeout_s)
         return self._text
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll `predicate` until it holds; fail the test if it does not within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)

@@ -51,6 +51,7 @@ class LoraReplica:
     down: bool = False
     answered: Counter[str] = field(default_factory=Counter)  # model -> completions answered
     loads: list[str] = field(default_factory=list)  # adapter names, every successful load
+    listed: int = 0  # /v1/models answered while up: the gateway's probe rounds
     in_flight: int = 0
 
     def __post_init__(self) -> None:
@@ -77,6 +78,7 @@ class LoraReplica:
         async def models(_: Request) -> Response:
             if self.down:
                 return _error(503, "restarting")
+            self.listed += 1
             cards = [{"id": self.base, "object": "model", "root": f"{VOLUME}{self.base}",
                       "parent": None}]
             cards += [{"id": n, "object": "model", "root": p, "parent": self.base}

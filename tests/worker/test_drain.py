@@ -18,6 +18,7 @@ import pytest
 
 from tests import loopback
 from tests.ports import free_port
+from tests.waiting import wait_for
 from tests.worker.fake_http_engine import EVENTS, GAP_S
 from worker.drain import DRAINING_CODE, DrainMiddleware
 
@@ -93,13 +94,6 @@ def test_without_a_drain_file_the_middleware_only_passes_through() -> None:
     mw = DrainMiddleware(engine, drain_file=None)
     assert asyncio.run(call(mw, "GET", "/health")) == (200, b"engine")
     assert asyncio.run(call(mw, "POST", "/v1/completions")) == (200, b"engine")
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def health(url: str) -> int:

@@ -86,8 +86,8 @@ def test_arguments_after_double_dash_are_passed_to_vllm(
         ),
         (
             ("badmode",),
-            "llmserve-worker: error: argument mode: invalid choice: 'badmode' (choose from "
-            "'run', 'argv', 'plan')",
+            ("llmserve-worker: error: argument mode: invalid choice: 'badmode' (choose from "
+             "'run', 'argv', 'plan')"),
         ),
     ],
 )

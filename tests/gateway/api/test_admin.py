@@ -5,7 +5,6 @@ by model, errors in OpenAI's shape and bounded metric labels."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +13,9 @@ import pytest
 
 from gateway.flow.keys import hash_key
 from tests import loopback
-from tests.gateway.conftest import RunningGateway, run_gateway, wait_for
+from tests.gateway.conftest import RunningGateway, run_gateway
 from tests.gateway.lora_upstream import LoraReplica, serve
+from tests.waiting import wait_for
 
 KEY = "admin-key-0123456789"
 BASE = "base-model"
@@ -146,7 +146,10 @@ def test_a_removed_adapter_is_gone_everywhere_and_stays_gone(
     replicas[0].restart(down_s=0.3)
     wait_for(lambda: replicas[0].down)
     wait_for(lambda: models(gateway).get(BASE, {}).get("llmserve", {}).get("replicas") == 2)
-    time.sleep(0.5)  # reconcile rounds: nothing to re-apply
+    # Three probe rounds of the replica since it came back: reconcile rounds that had it to
+    # re-apply "chat" to, had the removal not been kept.
+    seen = replicas[0].listed
+    wait_for(lambda: replicas[0].listed >= seen + 3)
     assert "chat" not in replicas[0].loaded and replicas[0].loads == ["chat"]
     again = loopback.delete(gateway.url + "/admin/adapters/chat", headers=AUTH)
     assert again.status_code == 404 and again.json()["error"]["code"] == "model_not_found"

@@ -17,6 +17,7 @@ from bench.fake_upstream import Behaviour, FakeUpstream, start_in_thread
 from tests import loopback
 from tests.gateway.conftest import gateway_process
 from tests.ports import free_port
+from tests.waiting import metric_sum
 
 HEAD_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0
@@ -44,9 +45,7 @@ class Gateway:
         return f"http://127.0.0.1:{self.probe}"
 
     def metric(self, name: str, label: str = "") -> float:
-        lines = loopback.get(self.probe_url + "/metrics").text.splitlines()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in lines
-                   if line.startswith(name) and label in line)
+        return metric_sum(loopback.get(self.probe_url + "/metrics").text, name, label)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 from typing import get_args
 
 import pytest
@@ -9,10 +8,15 @@ from pydantic import ValidationError
 from gateway.routing.discovery.base import DiscoveryError
 from gateway.routing.factory import POLICIES, build_discovery, build_router
 from gateway.settings import GatewaySettings, PolicyName
+from tests.waiting import settle
 
 
 class NoProber:
+    def __init__(self) -> None:
+        self.probed: set[str] = set()  # URLs whose health was asked
+
     async def health(self, base_url: str) -> bool:
+        self.probed.add(base_url)
         return False
 
     async def models(self, base_url: str) -> list[str] | None:
@@ -21,10 +25,12 @@ class NoProber:
 
 async def test_static_settings_build_a_router_over_the_list() -> None:
     s = GatewaySettings(backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
-    router = build_router(s, NoProber())
+    prober = NoProber()
+    router = build_router(s, prober)
     await router.start()
     try:
-        await asyncio.sleep(0.05)  # discovery's first update and the probes run
+        # Discovery's first update, then a probe of each (a failed one is acted on at once).
+        await settle(lambda: len(prober.probed) == 2)
         assert sorted(b.url for b in router.backends()) == ["http://127.0.0.1:1",
                                                              "http://127.0.0.1:2"]
         assert not router.ready()  # nothing answered a probe

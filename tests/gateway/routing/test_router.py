@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
@@ -9,6 +10,7 @@ from gateway.routing.backend import Backend
 from gateway.routing.discovery.static import Static
 from gateway.routing.policy import LeastOutstanding
 from gateway.routing.router import Router
+from tests.waiting import settle
 
 
 class FakeProber:
@@ -18,8 +20,12 @@ class FakeProber:
         self.models_by_url = models
         self.down: set[str] = set()
         self.raises: set[str] = set()
+        # Health probes asked, per URL: the router has acted on a probe once the next one is
+        # asked, or, for a failed one, once the probing task has run past it.
+        self.probes: Counter[str] = Counter()
 
     async def health(self, base_url: str) -> bool:
+        self.probes[base_url] += 1
         if base_url in self.raises:
             raise ConnectionResetError("prober bug or unexpected transport error")
         return base_url in self.models_by_url and base_url not in self.down
@@ -70,16 +76,6 @@ def backend(router: Router, u: str) -> Backend:
     return next(b for b in router.backends() if b.url == u)
 
 
-async def settle(router: Router, predicate: object) -> None:
-    """Let the router's tasks run until `predicate()` holds (bounded)."""
-    assert callable(predicate)
-    for _ in range(200):
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("router did not reach the expected state")
-
-
 @pytest.fixture
 async def setup() -> AsyncIterator[Setup]:
     prober = FakeProber({A: ["llama"], B: ["llama"], C: ["qwen"]})
@@ -87,7 +83,7 @@ async def setup() -> AsyncIterator[Setup]:
     router = Router(Static([A, B, C]), prober, least,
                     health_interval_s=3600, eject_after_failures=2, eject_for_s=10, clock=clock)
     await router.start()
-    await settle(router, router.ready)
+    await settle(router.ready)
     yield router, prober, clock
     await router.stop()
 
@@ -200,7 +196,7 @@ async def test_all_ejected_is_not_ready_but_panic_still_routes() -> None:
                     eject_after_failures=2, eject_for_s=10, max_ejection_percent=100, clock=clock)
     await router.start()
     try:
-        await settle(router, router.ready)
+        await settle(router.ready)
         for b in router.backends():
             router.report_failure(b)
             router.report_failure(b)
@@ -244,12 +240,12 @@ async def test_probe_loop_marks_down_and_up() -> None:
                     eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
-        await settle(router, router.ready)
-        await settle(router, lambda: len(router.models()) == 1)
+        await settle(router.ready)
+        await settle(lambda: len(router.models()) == 1)
         prober.down = {B}
-        await settle(router, lambda: {url(router.pick("llama")) for _ in range(4)} == {A})
+        await settle(lambda: {url(router.pick("llama")) for _ in range(4)} == {A})
         prober.down = set()
-        await settle(router, lambda: {url(router.pick("llama")) for _ in range(4)} == {A, B})
+        await settle(lambda: {url(router.pick("llama")) for _ in range(4)} == {A, B})
     finally:
         await router.stop()
 
@@ -262,11 +258,11 @@ async def test_discovery_churn_through_updates() -> None:
     await router.start()
     try:
         disco.put(A)
-        await settle(router, router.ready)
+        await settle(router.ready)
         assert router.models() == ["llama"]
 
         disco.put(A, B + "/", C)  # scale-up; a trailing slash is the same base URL
-        await settle(router, lambda: router.models() == ["llama", "qwen"])
+        await settle(lambda: router.models() == ["llama", "qwen"])
         assert sorted(b.url for b in router.backends()) == [A, B, C]
         assert {url(router.pick("llama")) for _ in range(4)} == {A, B}
 
@@ -275,13 +271,13 @@ async def test_discovery_churn_through_updates() -> None:
         in_flight.outstanding += 1
         router.report_failure(in_flight)  # ejected
         disco.put(A, B)  # C's pod went away mid-request
-        await settle(router, lambda: len(router.backends()) == 2)
+        await settle(lambda: len(router.backends()) == 2)
         assert router.pick("qwen") is None and not router.knows_model("qwen")
         in_flight.outstanding -= 1  # the request still holds its reference and finishes normally
         assert in_flight.outstanding == 0
 
         disco.put(A, B, C)  # C comes back: a fresh backend, no ejection carried over
-        await settle(router, lambda: router.pick("qwen") is not None)
+        await settle(lambda: router.pick("qwen") is not None)
         assert backend(router, C) is not in_flight
     finally:
         await router.stop()
@@ -295,13 +291,13 @@ async def test_new_backend_is_unavailable_until_its_first_probe_passes() -> None
     await router.start()
     try:
         disco.put(A)
-        await settle(router, router.ready)
+        await settle(router.ready)
         disco.put(A, B)  # B still loading its model: /health fails
-        await settle(router, lambda: len(router.backends()) == 2)
+        await settle(lambda: len(router.backends()) == 2)
         assert not backend(router, B).available(0.0)
         assert {url(router.pick("llama")) for _ in range(4)} == {A}
         prober.models_by_url[B] = ["llama"]
-        await settle(router, lambda: {url(router.pick("llama")) for _ in range(4)} == {A, B})
+        await settle(lambda: {url(router.pick("llama")) for _ in range(4)} == {A, B})
     finally:
         await router.stop()
 
@@ -312,21 +308,22 @@ async def test_not_ready_until_first_probe_passes() -> None:
                     eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
-        await asyncio.sleep(0.2)  # four failed probes
+        await settle(lambda: prober.probes[A] >= 4)  # four failed probes, acted on
         assert not router.ready()
         prober.models_by_url[A] = ["llama"]
-        await settle(router, router.ready)
+        await settle(router.ready)
     finally:
         await router.stop()
 
 
 async def test_no_model_known_before_any_probe_passes() -> None:
-    router = Router(Static([A]), FakeProber({}), least,
+    prober = FakeProber({})
+    router = Router(Static([A]), prober, least,
                     health_interval_s=3600, eject_after_failures=1, eject_for_s=1)
     await router.start()
     try:
-        await settle(router, lambda: len(router.backends()) == 1)
-        await asyncio.sleep(0.01)
+        # The first probe failed, and the probing task ran past it (no await after a failure).
+        await settle(lambda: prober.probes[A] == 1)
         assert not router.knows_any_model() and not router.knows_model("llama")
         assert router.pick("llama") is None and not router.ready()
     finally:
@@ -354,8 +351,8 @@ async def limited_router(prober: FakeProber, urls: list[str], percent: int,
                     eject_after_failures=1, eject_for_s=10, max_ejection_percent=percent,
                     **kw)  # type: ignore[arg-type]
     await router.start()
-    await settle(router, router.ready)
-    await settle(router, lambda: len(router.models()) == 1)
+    await settle(router.ready)
+    await settle(lambda: len(router.models()) == 1)
     return router
 
 
@@ -426,8 +423,8 @@ async def test_policy_per_pool_and_an_engine_restart_forgets_its_cache() -> None
                     eject_after_failures=1, eject_for_s=10)
     await router.start()
     try:
-        await settle(router, router.ready)
-        await settle(router, lambda: router.models() == ["llama", "qwen"])
+        await settle(router.ready)
+        await settle(lambda: router.models() == ["llama", "qwen"])
         assert router.wants_affinity("llama") and not router.wants_affinity("qwen")
         policy = made["llama"]
         assert isinstance(policy, PrefixAffinity)
@@ -461,8 +458,8 @@ async def test_a_draining_engine_forgets_its_cache_like_a_failed_probe() -> None
                     eject_after_failures=1, eject_for_s=10)
     await router.start()
     try:
-        await settle(router, router.ready)
-        await settle(router, lambda: router.models() == ["llama"])
+        await settle(router.ready)
+        await settle(lambda: router.models() == ["llama"])
         prompt = b"system prompt " * 200
         home = router.pick("llama", (), RouteRequest("llama", None, prompt))
         assert home is not None
@@ -496,18 +493,18 @@ async def test_a_model_that_may_scale_to_zero_is_known_listed_and_ready_without_
         assert router.pick("qwen") is None
 
         disco.put(A)
-        await settle(router, lambda: router.models() == ["llama", "qwen"])
+        await settle(lambda: router.models() == ["llama", "qwen"])
         assert changes == [False]  # A came up, serving another model
         assert router.replicas() == {"llama": 1, "qwen": 0}
 
         prober.models_by_url[C] = ["qwen"]
         disco.put(A, C)  # the autoscaler started a replica; discovery sees it, probed at once
-        await settle(router, lambda: router.routable("qwen"))
+        await settle(lambda: router.routable("qwen"))
         assert changes == [False, True]
         assert url(router.pick("qwen")) == C and router.replicas()["qwen"] == 1
 
         disco.put(A)  # scaled back to zero: still known and listed
-        await settle(router, lambda: not router.routable("qwen"))
+        await settle(lambda: not router.routable("qwen"))
         assert router.knows_model("qwen") and "qwen" in router.models()
     finally:
         await router.stop()

@@ -23,8 +23,9 @@ from gateway.routing import factory
 from gateway.settings import GatewaySettings, PoolLayout
 from tests import loopback
 from tests.autoscaler import pool_gauge
-from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, wait_for
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
 from tests.gateway.lora_upstream import LoraReplica, serve
+from tests.waiting import wait_for
 
 STREAM = {"model": "demo", "prompt": "hi", "max_tokens": 20, "stream": True}
 

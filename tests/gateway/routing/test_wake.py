@@ -20,9 +20,10 @@ from gateway.flow.keys import hash_key
 from gateway.settings import PoolLayout
 from tests import loopback
 from tests.autoscaler import Autoscaler, pool_gauge, sample_value
-from tests.gateway.conftest import RunningGateway, run_gateway, wait_for
+from tests.gateway.conftest import RunningGateway, run_gateway
 from tests.gateway.lora_upstream import LoraReplica, serve
 from tests.ports import free_port
+from tests.waiting import wait_for
 
 MODEL = "demo"
 STREAM = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
