@@ -251,3 +251,29 @@ def test_failopen_with_the_epp_down(upstreams: UpstreamFactory, envoy: Callable[
         assert get.status_code == 503
         assert set(posts) <= {500, 503}, posts
         assert up.completions == 0
+
+
+def test_a_queued_request_waits_in_the_epp_and_is_served(upstreams: UpstreamFactory,
+                                                         envoy: Callable[..., Envoy]) -> None:
+    """One slot, a queue: the second stream waits inside the EPP (its headers unanswered) for
+    the first to end, then is served. Envoy 1.40 holds it though the filter's message_timeout
+    (0.2 s here) is far shorter than the wait: in FULL_DUPLEX_STREAMED mode that timer does not
+    bound the deferred answer (docs/gateway-api.md)."""
+    up = upstreams(tokens=20, token_delay_s=0.05)  # a 1 s stream
+    flow = {"initial_limit": 1, "min_limit": 1, "max_limit": 1, "queue_timeout_s": 5,
+            "ttft_target_s": 10}
+    with run_epp(backends=[url_of(up)], flow=flow) as epp:
+        proxy = envoy(epp_port=epp.port, message_timeout_s=0.2)
+
+        def one(delay: float) -> tuple[int, float, str]:
+            time.sleep(delay)
+            t0 = time.monotonic()
+            with httpx.stream("POST", proxy.url + CHAT, json=chat(True), timeout=20) as r:
+                last = events(r)[-1]
+            return r.status_code, time.monotonic() - t0, last
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first, second = pool.map(one, (0.0, 0.2))
+        assert first[0] == second[0] == 200 and second[2] == "data: [DONE]"
+        assert second[1] > 1.0  # it waited for the slot, not refused
+        assert epp.metric("llmserve_rejections_total") == 0
