@@ -414,6 +414,9 @@ class _Protocol(asyncio.Protocol):
                 "query": req.query, "content_type": req.headers.get("content-type", ""),
                 "body": req.body.decode("utf-8", "replace"),
                 "usage": {"prompt_tokens": 3, "total_tokens": 3, "completion_tokens": 0}}
+        if req.method == "POST" and req.path == "/v1/responses":
+            # A response of its own, as a Responses API engine names each (stored) answer.
+            echo.update(id=f"resp_{self.u.port}_{self.u.requests}", object="response")
         if not (isinstance(asked, dict) and asked.get("stream") is True):
             body = orjson.dumps(echo)
             return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-echo: 1\r\n"

@@ -21,6 +21,7 @@ from gateway.api.endpoints import ENDPOINTS, Endpoint, match
 from gateway.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.api.openapi import openapi_schema
 from gateway.api.proxy import ProxyEndpoint
+from gateway.api.responses import ResponsePins
 from gateway.api.routes import build_routes
 from gateway.errors import MethodNotAllowed, install_handlers, send_error
 from gateway.flow.admission import Admission
@@ -31,6 +32,7 @@ from gateway.metrics import AdapterView, GatewayMetrics
 from gateway.routing.adapters import Adapters
 from gateway.routing.factory import build_router
 from gateway.routing.residency import Residency
+from gateway.routing.responses import ResponseHomes
 from gateway.routing.wake import WakeGate
 from gateway.settings import (
     GatewaySettings,
@@ -185,6 +187,10 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     core = Core(settings)
     state, adapters, keys = core.state, core.adapters, core.keys
     router, metrics, admission = state.router, state.metrics, state.flow
+    # Stored Responses API answers: later requests about them reach their replica.
+    homes = ResponseHomes(settings.responses, settings.flow)
+    pins = ResponsePins(homes, router)
+    state.pin, state.answered = pins.pin, pins.answered
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -195,6 +201,7 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
         finally:
             # Shutdown: uvicorn drained in-flight requests; stop probing, close upstream sockets.
             await core.stop()
+            await homes.close()
 
     app = FastAPI(title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     # The written document (api/openapi.py): FastAPI cannot see the fast lane's endpoints.

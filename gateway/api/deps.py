@@ -5,7 +5,7 @@ the open requests and whether it drains."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from starlette.types import Scope
@@ -25,17 +25,18 @@ from gateway.transport import Transport
 # Asked before routing a request to an endpoint marked `pinnable` (api/endpoints.py): the URL of
 # the backend that must answer it (the replica holding its state), or None to route it as usual.
 # It may raise a GatewayError to answer the request itself (a 404 for an unknown id, say).
-PinHook = Callable[[Endpoint, ParsedRequest, Scope], str | None]
+PinHook = Callable[[Endpoint, ParsedRequest, Scope], Awaitable[str | None]]
 # Told, for a `pinnable` endpoint's 200 answers, which backend URL answered and the answer's
-# first bytes (the whole body, or a stream's first events): where its state now lives.
-AnswerHook = Callable[[Endpoint, ParsedRequest, str, bytes], None]
+# first bytes (the whole body, or a stream's first events): where its state now lives. Awaited
+# before the client sees the answer, so the client's next request finds the state.
+AnswerHook = Callable[[Endpoint, ParsedRequest, str, bytes], Awaitable[None]]
 
 
-def no_pin(_endpoint: Endpoint, _req: ParsedRequest, _scope: Scope) -> str | None:
+async def no_pin(_endpoint: Endpoint, _req: ParsedRequest, _scope: Scope) -> str | None:
     return None
 
 
-def no_answer(_endpoint: Endpoint, _req: ParsedRequest, _url: str, _first: bytes) -> None:
+async def no_answer(_endpoint: Endpoint, _req: ParsedRequest, _url: str, _first: bytes) -> None:
     return None
 
 

@@ -129,7 +129,7 @@ class Forwarder:
                                        pool, tenant)
 
         try:
-            pin = d.pin(self._endpoint, req, scope) if self._endpoint.pinnable else None
+            pin = await d.pin(self._endpoint, req, scope) if self._endpoint.pinnable else None
             if pin is not None:
                 backend = pinned(d, pin)
                 if not req.model and backend.models:

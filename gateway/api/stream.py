@@ -58,7 +58,7 @@ async def relay_stream(
         raise UpstreamFailed("replica closed the stream before its first event")
     d.router.report_success(backend)
     if endpoint.pinnable:
-        d.answered(endpoint, req, backend.url, splice.held or splice.final)
+        await d.answered(endpoint, req, backend.url, splice.held or splice.final)
     if pool is not None and d.flow is not None:
         # The engine's own TTFT (dispatch -> first event): what the adaptive limit steers.
         pool.sample(d.flow.clock() - dispatched, dispatched)

@@ -30,7 +30,7 @@ async def relay_whole(
     done = d.flow.clock() if pool is not None and d.flow is not None else 0.0
     d.router.report_success(backend)
     if endpoint.pinnable:
-        d.answered(endpoint, req, backend.url, body)
+        await d.answered(endpoint, req, backend.url, body)
     if head is None:
         await send_body(send, 200, body)
     else:

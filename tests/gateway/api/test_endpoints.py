@@ -142,13 +142,16 @@ def test_the_pin_hook_chooses_the_replica(upstreams: UpstreamFactory) -> None:
     with run_gateway(backends=[url_of(a), url_of(b)]) as gw:
         seen: list[tuple[str, str]] = []
 
-        def pin(endpoint: Endpoint, req: Any, scope: Any) -> str | None:
+        async def pin(endpoint: Endpoint, req: Any, scope: Any) -> str | None:
             if scope["path"].endswith("/gone"):
                 raise NotFound("no such response")
             return url_of(b) if scope["path"].startswith("/v1/responses/") else None
 
         gw.app.state.pin = pin
-        gw.app.state.answered = lambda e, req, url, first: seen.append((e.path, url))
+        async def answered(e: Endpoint, req: Any, url: str, first: bytes) -> None:
+            seen.append((e.path, url))
+
+        gw.app.state.answered = answered
         before = b.requests
         for _ in range(4):
             r = loopback.get(gw.url + "/v1/responses/resp_1")
