@@ -55,6 +55,7 @@ def test_same_answers_as_the_gateway(upstreams: UpstreamFactory, envoy: Callable
         assert sum(u.completions for u in ups) >= 2 * 5
 
 
+@pytest.mark.slow  # seconds of timed streams: the full tier
 def test_streams_are_not_buffered(upstreams: UpstreamFactory,
                                   envoy: Callable[..., Envoy]) -> None:
     up = upstreams(tokens=10, token_delay_s=0.1)
@@ -138,6 +139,7 @@ def test_sessions_stick_to_one_replica(upstreams: UpstreamFactory,
             assert sorted(served) == [0, 4], (session, served)
 
 
+@pytest.mark.slow  # seconds of timed streams: the full tier
 def test_overload_is_refused_by_the_epp(upstreams: UpstreamFactory,
                                         envoy: Callable[..., Envoy]) -> None:
     """One slot, no queue, a slow upstream: the requests beyond the slot get the EPP's 503 with
@@ -214,6 +216,7 @@ def test_the_answer_feeds_flow_control_and_accounting(upstreams: UpstreamFactory
         del slow
 
 
+@pytest.mark.slow  # an EPP stopped, then Envoy against it: the full tier
 def test_with_the_epp_down_failclose_refuses(upstreams: UpstreamFactory,
                                              envoy: Callable[..., Envoy]) -> None:
     up = upstreams()
@@ -226,6 +229,7 @@ def test_with_the_epp_down_failclose_refuses(upstreams: UpstreamFactory,
     assert up.completions == 0
 
 
+@pytest.mark.slow  # ten requests per variant against a dead EPP: the full tier
 @pytest.mark.parametrize("variant", ["original_dst", "override_host"])
 def test_failopen_with_the_epp_down(upstreams: UpstreamFactory, envoy: Callable[..., Envoy],
                                     variant: str) -> None:
@@ -253,6 +257,7 @@ def test_failopen_with_the_epp_down(upstreams: UpstreamFactory, envoy: Callable[
         assert up.completions == 0
 
 
+@pytest.mark.slow  # seconds of timed streams: the full tier
 def test_a_queued_request_waits_in_the_epp_and_is_served(upstreams: UpstreamFactory,
                                                          envoy: Callable[..., Envoy]) -> None:
     """One slot, a queue: the second stream waits inside the EPP (its headers unanswered) for
