@@ -291,8 +291,18 @@ def test_ingress_that_would_expose_metrics_is_refused(path: str, path_type: str)
 
 
 def test_exact_root_path_does_not_expose_metrics() -> None:
+    """An Exact "/" matches "/" alone, not /metrics: accepted as written, routed to the API."""
     hosts = [{"host": "llm.example", "paths": [{"path": "/", "pathType": "Exact"}]}]
-    render({"gateway": {"ingress": {"enabled": True, "hosts": hosts}}})
+    rel = render({"gateway": {"ingress": {"enabled": True, "hosts": hosts}}})
+    (rule,) = rel.one("Ingress")["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    assert rule["host"] == "llm.example"
+    assert (path["path"], path["pathType"]) == ("/", "Exact")
+    service = path["backend"]["service"]
+    assert service["port"] == {"name": "http"}  # the API port, not the probe port
+    (gateway_service,) = [m for m in rel.of_kind("Service")
+                          if m["metadata"]["name"] == service["name"]]
+    assert "http" in {p["name"] for p in gateway_service["spec"]["ports"]}
 
 
 def test_disruption_budgets_let_unhealthy_pods_go() -> None:
