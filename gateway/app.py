@@ -222,7 +222,8 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     if admin_digest is not None:
         app.include_router(build_admin_routes(adapters, router))
         inner = AdminAuthMiddleware(inner, admin_digest)
-    outer = RequestIdMiddleware(BodyLimitMiddleware(inner, max_bytes=settings.max_body_bytes))
+    outer = RequestIdMiddleware(BodyLimitMiddleware(inner, max_bytes=settings.max_body_bytes,
+                                                     discard_bytes=settings.discard_body_bytes))
     return GatewayApp(outer, app, state)
 
 

@@ -398,6 +398,12 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="largest request body accepted (counted, not trusted)"
     )
+    discard_body_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, le=1024**3,
+        description="a body over max_body_bytes is read and dropped up to this many bytes before "
+                    "the 413, so a client that sends its whole body before reading "
+                    "(AsyncOpenAI, httpx.AsyncClient) gets the 413, not a reset connection; a "
+                    "larger one is answered at once")
     drain_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish")
     pools: list[PoolLayout] = Field(

@@ -24,7 +24,7 @@ from gateway.api.inflight import DRAIN_EXPIRED, Exchange
 from gateway.api.replicas import default_model
 from gateway.api.schemas import ParsedRequest, encoding_error, parse_other, parse_request
 from gateway.api.splice import WRITER_KEY, ClientWriter
-from gateway.errors import GatewayError, send_error, sse_error_event
+from gateway.errors import GatewayError, PayloadTooLarge, send_error, sse_error_event
 from gateway.flow.door import admit
 
 log = logging.getLogger("gateway.proxy")
@@ -78,6 +78,8 @@ class ProxyEndpoint:
                 req.model = default_model(self._d.router, self._d.parent_of)
         except ClientGone:
             return
+        except PayloadTooLarge:
+            raise  # the body limit's (api/middleware.py): it drains the body, then answers
         except GatewayError as exc:
             await send_error(send, exc)
             return

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
@@ -200,3 +201,38 @@ def test_what_follows_an_upgrade_head_is_never_lost_nor_parsed_as_a_request(
     lines = log.splitlines()
     assert sum("answered as plain http" in line.lower() for line in lines) == 1, log
     assert sum("bad_request" in line for line in lines) == 1, log
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_over_the_limit_is_a_413_to_clients_that_send_it_all_first(
+    upstreams: UpstreamFactory, chunked: bool,
+) -> None:
+    # Async clients (httpx.AsyncClient, AsyncOpenAI) write the whole body before they read: the
+    # gateway answers 413 early, and must then read and drop the rest, not reset the connection
+    # under the answer (a connection error to the client).
+    import asyncio
+
+    import httpx
+    import openai
+
+    up = upstreams()
+    body = b'{"model": "demo", "prompt": "' + b"x" * (4 * 1024 * 1024) + b'"}'
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield body[:1000]
+        yield body[1000:]
+
+    async def run(url: str) -> None:
+        async with httpx.AsyncClient() as client:
+            for _ in range(3):
+                r = await client.post(url + "/v1/completions",
+                                      content=pieces() if chunked else body)
+                assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as c:
+            with pytest.raises(openai.APIStatusError) as info:
+                await c.completions.create(model="demo", prompt="x" * (4 * 1024 * 1024))
+            assert info.value.status_code == 413
+
+    with run_gateway(backends=[url_of(up)], max_body_bytes=64 * 1024) as gw:
+        asyncio.run(run(gw.url))
+        assert up.completions == 0
