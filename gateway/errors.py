@@ -177,8 +177,9 @@ def upstream_error_body(
     status: int, body: bytes, warnings: RateLimitedLog, request_id: str = "-"
 ) -> bytes | None:
     """An engine's error answer as the client gets it: None when `body` is an error object
-    (vLLM's `{"error": {...}}`, or the flat `{"object": "error", ...}` of older versions), which
-    is relayed byte for byte; else the gateway's own error body. A body that is not an error
+    (vLLM's `{"error": {...}}`, the flat `{"object": "error", ...}` of older versions, or
+    FastAPI's `{"detail": ...}` for a path or method the engine does not serve), which is relayed
+    byte for byte; else the gateway's own error body. A body that is not an error
     object (an HTML page from a proxy in front of the engine, say) is never relayed: it may name
     internal hosts; `warnings` (the log) gets it."""
     try:
@@ -189,7 +190,7 @@ def upstream_error_body(
         err = data.get("error")
         if not (isinstance(err, dict) and isinstance(err.get("message"), str)):
             err = data
-        if isinstance(err.get("message"), str):
+        if isinstance(err.get("message"), str) or "detail" in data:
             return None
     if body.strip():
         warnings.warning("request %s: upstream answered HTTP %d with a non-JSON body: %r",

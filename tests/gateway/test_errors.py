@@ -30,13 +30,14 @@ def shape(body: bytes) -> dict[str, object]:
     b'{"error": {"message": "bad", "type": "BadRequestError", "param": null, "code": 400}}',
     b'{"object": "error", "message": "old", "type": "BadRequestError", "code": 400}',
     b'{"error":{"message":"m","code":400}}',
+    b'{"detail":"Not Found"}',  # FastAPI's, for a path the engine does not serve
 ])
 def test_engine_error_objects_are_relayed_as_they_are(body: bytes) -> None:
     assert upstream_error_body(400, body, RateLimitedLog(logging.getLogger("test"))) is None
 
 
 @pytest.mark.parametrize("body", [
-    b"<html><body>nginx at 10.0.0.7</body></html>", b"", b"[1]", b'{"detail": "x"}'])
+    b"<html><body>nginx at 10.0.0.7</body></html>", b"", b"[1]", b'{"x": "y"}'])
 def test_other_upstream_bodies_become_the_gateways_error(body: bytes) -> None:
     own = upstream_error_body(500, body, RateLimitedLog(logging.getLogger("test")))
     assert own is not None and shape(own)["message"] == "upstream returned HTTP 500"
