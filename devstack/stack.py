@@ -87,12 +87,24 @@ class LocalStack:
     gateway_args: list[str] = field(default_factory=list)
     # More worker flags for every worker (LoRA adapters: --lora-adapters, --max-loras, ...).
     worker_args: list[str] = field(default_factory=list)
+    # KV cache events (the kv_aware policy): worker i publishes on base + 2i, replays on base + 2i
+    # + 1; None: no events.
+    kv_events_base_port: int | None = None
     worker_procs: list[Proc] = field(default_factory=list)
     gateway_proc: Proc | None = None
 
     @property
     def worker_urls(self) -> list[str]:
         return [f"http://{self.host}:{self.worker_base_port + i}" for i in range(self.workers)]
+
+    def kv_events_port(self, i: int) -> int:
+        assert self.kv_events_base_port is not None
+        return self.kv_events_base_port + 2 * i
+
+    def kv_endpoints(self) -> dict[str, str]:
+        """Each worker's events endpoint, for GATEWAY_KV__ENDPOINTS (they share one host)."""
+        return {u: f"tcp://{self.host}:{self.kv_events_port(i)}"
+                for i, u in enumerate(self.worker_urls)}
 
     @property
     def gateway_url(self) -> str:
@@ -122,6 +134,8 @@ class LocalStack:
             "--nice", str(self.engine_nice),
             *self.worker_args,
         ]
+        if self.kv_events_base_port is not None:
+            argv += ["--kv-events-port", str(self.kv_events_port(i))]
         return Proc(f"worker-{i}", argv, env, self.log_dir / f"worker-{i}.log")
 
     def restart_worker(self, i: int, timeout_s: float = 600, kill: bool = False) -> None:

@@ -28,9 +28,9 @@ from gateway.flow.admission import Admission
 from gateway.flow.demand import Demand
 from gateway.flow.keys import load_keys
 from gateway.flow.pressure import PressureWatch
-from gateway.metrics import AdapterView, GatewayMetrics
+from gateway.metrics import AdapterView, GatewayMetrics, KvView
 from gateway.routing.adapters import Adapters
-from gateway.routing.factory import build_router
+from gateway.routing.factory import build_router, uses_kv_events
 from gateway.routing.residency import Residency
 from gateway.routing.responses import ResponseHomes
 from gateway.routing.wake import WakeGate
@@ -122,7 +122,15 @@ class Core:
 
         # Probes share the connect deadline: a replica that slow to accept is not one to route to.
         prober = HttpProber(transport, max(settings.timeouts.connect_s, 1.0), on_cards=on_cards)
-        router = build_router(settings, prober, residency)
+        # Routing on the engines' KV cache events: one subscriber per replica, following the
+        # router's backends (gateway/routing/kv_events.py).
+        kv_events = None
+        if uses_kv_events(settings):
+            from gateway.routing.kv_events import KvEvents  # the kv extra: only when used
+
+            kv_events = KvEvents(settings.kv)
+        self.kv_events = kv_events
+        router = build_router(settings, prober, residency, kv_events)
         adapters.attach(router)
         metrics = GatewayMetrics()
         metrics.backends.view = router.backend_states
@@ -131,6 +139,11 @@ class Core:
             metrics.pool_info.labels(layout.name, layout.model, str(layout.tp), str(layout.pp),
                                      str(layout.nodes)).set(1)
         metrics.routing.view = router.routing_stats
+        if kv_events is not None:
+            from gateway.routing.kv_aware import kv_outcomes
+
+            metrics.kv.view = KvView(lambda: kv_outcomes(router.policies()), kv_events.replicas,
+                                     kv_events.totals)
         metrics.parent_of = adapters.parent_of
         metrics.adapters.view = AdapterView(
             adapters.served, (lambda: residency.counts) if residency else dict,
@@ -152,6 +165,16 @@ class Core:
         # admission follows the replicas' count (each pool's ceiling) and the engines' queues.
         self.watches: list[tuple[float, Callable[[], Awaitable[object]], str]] = [
             (settings.health_interval_s, adapters.reconcile, "adapter reconcile")]
+        if kv_events is not None:
+            events = kv_events
+
+            async def follow_kv_events() -> None:
+                events.follow(b.url for b in router.backends())
+
+            self.watches.append((settings.health_interval_s, follow_kv_events,
+                                 "following KV events"))
+            # And at once when a replica comes up (the watch above also drops those that left).
+            router.listen(lambda: events.follow(b.url for b in router.backends()))
         if admission is not None:
             async def follow_replicas() -> None:
                 admission.set_replicas(router.replicas())
@@ -180,6 +203,8 @@ class Core:
         if state.batcher is not None:
             await state.batcher.close()
         await state.router.stop()
+        if self.kv_events is not None:
+            await self.kv_events.close()
         await state.transport.close()
 
 

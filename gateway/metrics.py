@@ -126,6 +126,56 @@ class _RoutingCollector(_Scraped):
 
 
 @dataclass(frozen=True)
+class KvView:
+    """What the kv_aware metrics read at scrape time: each pool's outcomes (kv_aware.OUTCOMES),
+    each replica's index (blocks held, 1 if stale), the subscriber's totals (gaps replayed,
+    gaps lost, engine restarts seen)."""
+
+    outcomes: Callable[[], Iterable[tuple[str, dict[str, int]]]]
+    replicas: Callable[[], Iterable[tuple[str, int, bool]]]
+    events: Callable[[], tuple[int, int, int]]
+
+
+class _KvCollector(_Scraped):
+    """kv_aware routing (docs/routing.md): only with the policy in use."""
+
+    def __init__(self) -> None:
+        self.view: KvView | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        v = self.view
+        if v is None:
+            return
+        routed = CounterMetricFamily(
+            "llmserve_kv_routing", "kv_aware requests by outcome (hit: one replica holds the "
+            "longest cached prefix; shared: several do; miss, overloaded: none within the load "
+            "bound; no_tokens, short, no_events: routed by prefix_affinity instead)",
+            labels=["pool", "outcome"])
+        for pool, counts in v.outcomes():
+            for outcome, n in counts.items():
+                routed.add_metric([pool, outcome], n)
+        blocks = GaugeMetricFamily("llmserve_kv_index_blocks", "Blocks the replica's engine "
+                                   "holds, as its KV events tell (capped by "
+                                   "GATEWAY_KV__MAX_BLOCKS)", labels=["backend"])
+        stale = GaugeMetricFamily("llmserve_kv_index_stale", "1 while the replica's event "
+                                  "publisher is unreachable (its requests route by history)",
+                                  labels=["backend"])
+        for url, n, is_stale in v.replicas():
+            blocks.add_metric([url], n)
+            stale.add_metric([url], 1.0 if is_stale else 0.0)
+        gaps, lost, restarts = v.events()
+        yield routed
+        yield blocks
+        yield stale
+        yield CounterMetricFamily("llmserve_kv_events_gaps", "Missed event batches fetched "
+                                  "from an engine's replay socket", value=gaps)
+        yield CounterMetricFamily("llmserve_kv_events_resyncs", "Gaps the replay could not "
+                                  "fill: the replica's index was cleared", value=lost)
+        yield CounterMetricFamily("llmserve_kv_events_restarts", "Engines seen starting over "
+                                  "(publisher gone, sequence reset): index cleared", value=restarts)
+
+
+@dataclass(frozen=True)
 class AdapterView:
     """What the LoRA adapter metrics read at scrape time: the adapters some available replica
     serves, with their base ((adapter, base) pairs: the only adapter label values, so a name a
@@ -304,6 +354,8 @@ class GatewayMetrics:
         r.register(self.routing)
         self.adapters = _AdapterCollector()
         r.register(self.adapters)
+        self.kv = _KvCollector()
+        r.register(self.kv)
         self._series: dict[str, ModelSeries] = {}
 
         # -- the HTTP edge (gateway/edge/) ------------------------------------------------------

@@ -25,7 +25,7 @@ WAKE_BUDGET_MAX_S = 3600
 Priority = Literal["high", "normal", "low"]
 
 # The routing policies by name, checked at start-up; gateway/routing/factory.py builds them.
-PolicyName = Literal["prefix_affinity", "least_outstanding", "round_robin"]
+PolicyName = Literal["prefix_affinity", "least_outstanding", "round_robin", "kv_aware"]
 
 
 class Timeouts(BaseModel):
@@ -256,6 +256,55 @@ def declared_adapters(pools: list[PoolLayout]) -> dict[str, str]:
     return {a: p.model for p in pools for a in p.adapters}
 
 
+class KvSettings(BaseModel):
+    """The kv_aware routing policy: routing on the engines' KV cache events (docs/routing.md,
+    gateway/routing/kv_events.py, kv_aware.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    events_port: int = Field(
+        5557, ge=1, le=65534,
+        description="each replica's KV events port (its WORKER_KV_EVENTS_PORT), on the replica "
+        "URL's host; the replay socket is the next port")
+    endpoints: dict[str, str] = Field(
+        default={},
+        description='per replica, its events endpoint instead, JSON: {"http://h:8001": '
+        '"tcp://h:5601"} (replicas sharing a host: a local stack)')
+    topic: str = Field("", description="the engines' KV events topic (vLLM's default: empty)")
+    tokenizers: dict[str, Path] = Field(
+        default={},
+        description='tokenizer directory per served model, JSON: {"model": "/models/m"} (the '
+        "model's own files: tokenizer and chat template); a model without one routes by "
+        "prefix_affinity")
+    hash_algo: Literal["sha256", "sha256_cbor"] = Field(
+        "sha256", description="the engines' --prefix-caching-hash-algo (sha256: vLLM's default)")
+    hash_seed: str = Field(
+        "vllm-none-hash", min_length=1,
+        description="the engines' PYTHONHASHSEED if they set one (vLLM's default seed otherwise)")
+    max_blocks: int = Field(
+        1_000_000, ge=1, description="block hashes kept per replica (about 100 bytes each)")
+    max_prompt_blocks: int = Field(
+        512, ge=1, description="blocks of a prompt hashed at most (a longer prompt: its start)")
+    miss_cost_tokens: int = Field(
+        256, ge=0,
+        description="a replica holding the prompt's prefix may exceed the load bound by one "
+        "request per this many cached tokens (a cold prefill that long costs about one queued "
+        "request; 0: off)")
+    replay_timeout_s: float = Field(
+        1.0, gt=0, le=60, description="wait for an engine's replay socket to fill a gap")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _tcp(cls, v: dict[str, str]) -> dict[str, str]:
+        out = {}
+        for url, ep in v.items():
+            port = ep.rpartition(":")[2]
+            if not ep.startswith("tcp://") or not port.isdigit():
+                raise ValueError(f"GATEWAY_KV__ENDPOINTS: {ep!r} is not tcp://host:port")
+            out[url.rstrip("/")] = ep
+        return out
+
+
 def wake_budgets(pools: list[PoolLayout]) -> dict[str, float]:
     """Each model that may have no replica (one of its pools scales to zero), with the longest
     wake budget its scalable pools declare."""
@@ -354,11 +403,13 @@ class GatewaySettings(BaseSettings):
 
     routing_policy: PolicyName = Field(
         "prefix_affinity",
-        description="replica selection: prefix_affinity, least_outstanding or round_robin")
+        description="replica selection: prefix_affinity, least_outstanding, round_robin or "
+                    "kv_aware (the engines' KV cache events; needs kv.tokenizers)")
     routing_policies: dict[str, PolicyName] = Field(
         default={}, description='per model pool, JSON: {"model name": "policy"} (else the default)')
     # Defaults as (frozen) instances, not factories, so that --help shows each nested default.
     affinity: AffinitySettings = AffinitySettings()
+    kv: KvSettings = KvSettings()
     health_interval_s: float = Field(2.0, gt=0, description="active /health probe period")
     eject_after_failures: int = Field(
         3, ge=1, description="consecutive request failures before a backend is ejected")
@@ -465,6 +516,10 @@ class GatewaySettings(BaseSettings):
             raise ValueError(f"GATEWAY_ADMIN_KEY must be at least {ADMIN_KEY_MIN} characters")
         if self.admin_key is not None and self.admin_key_sha256 is not None:
             raise ValueError("set GATEWAY_ADMIN_KEY or GATEWAY_ADMIN_KEY_SHA256, not both")
+        if "kv_aware" in {self.routing_policy, *self.routing_policies.values()} \
+                and not self.kv.tokenizers:
+            raise ValueError("routing policy kv_aware needs GATEWAY_KV__TOKENIZERS (a "
+                             "tokenizer directory per model): it scores tokens, not bytes")
         if self.edge.probe_port == self.port:
             raise ValueError("GATEWAY_EDGE__PROBE_PORT must differ from GATEWAY_PORT")
         names = [p.name for p in self.pools]

@@ -116,6 +116,17 @@ def lora_args(s: WorkerSettings) -> list[str]:
     return out
 
 
+def kv_events_args(s: WorkerSettings) -> list[str]:
+    """vLLM's KV cache events on WORKER_KV_EVENTS_PORT, its replay socket on the next port: the
+    gateway's subscriber (gateway/routing/kv_events.py) finds both by that rule."""
+    if s.kv_events_port is None:
+        return []
+    config = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": f"tcp://*:{s.kv_events_port}",
+              "replay_endpoint": f"tcp://*:{s.kv_events_port + 1}"}
+    return ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
+
+
 def build_command(settings: WorkerSettings, host: Host | None = None) -> Command:
     """The vLLM command for these settings (``host`` defaults to this machine)."""
     host = host or Host.current()
@@ -151,6 +162,7 @@ def build_command(settings: WorkerSettings, host: Host | None = None) -> Command
         argv += ["--enable-sleep-mode"]
     argv += lora_args(s)
     if s.is_leader:
+        argv += kv_events_args(s)
         argv += ["--host", s.host, "--port", str(s.port), "--middleware", DRAIN_MIDDLEWARE]
     else:
         # Followers run only their engine ranks; the leader serves the API.

@@ -159,6 +159,12 @@ class WorkerSettings(BaseSettings):
         description="Extra vLLM engine args appended verbatim: a JSON list or a shell-quoted "
         "string (as a flag: --extra-args='--enforce-eager ...', or put them after --).",
     )
+    kv_events_port: int | None = Field(
+        None, ge=1, le=65534,
+        description="publish the engine's KV cache events (vLLM --kv-events-config, ZMQ) on this "
+        "port and replay missed ones on the next port, for the gateway's kv_aware routing; "
+        "unset: no events",
+    )
     sleep_mode: bool = Field(
         False,
         description="vLLM's sleep mode (--enable-sleep-mode, CUDA and ROCm only): the engine can "

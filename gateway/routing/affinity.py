@@ -138,6 +138,13 @@ class PrefixAffinity:
         self._record(keys, chosen)
         return chosen
 
+    def learn(self, request: RouteRequest, b: Backend) -> None:
+        """Record that `request` went to `b`, chosen by another policy (kv_aware.py), so that
+        this one knows where it went if it has to decide alone later."""
+        keys = self.keys(request)
+        if keys:
+            self._record(keys, b)
+
     def _choose(self, candidates: Sequence[Backend], keys: list[int],
                 size: int) -> tuple[Backend, int]:
         """The replica, and how many of the prompt's bytes it holds in cache (as far as known)."""

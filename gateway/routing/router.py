@@ -233,6 +233,10 @@ class Router:
         now = self._clock()
         return any(b.available(now) for b in self._backends.values())
 
+    def policies(self) -> dict[str, RoutingPolicy]:
+        """Each model pool's policy object (for the metrics, read at scrape time)."""
+        return dict(self._policies)
+
     def backends(self) -> list[Backend]:
         return list(self._backends.values())
 
@@ -259,7 +263,10 @@ class Router:
         with an affinity policy or a panic so far."""
         for m in sorted(set(self._policies) | set(self.panics)):
             p = self._policies.get(m)
-            p = getattr(p, "inner", p)  # a wrapper (LoRA residency) around the pool's policy
+            # Wrappers (LoRA residency) and policies that defer to prefix affinity (kv_aware)
+            # name the policy they defer to `inner`.
+            while p is not None and not isinstance(p, PrefixAffinity) and hasattr(p, "inner"):
+                p = p.inner
             panics = self.panics.get(m, 0)
             if isinstance(p, PrefixAffinity):
                 st = p.stats

@@ -54,7 +54,7 @@ def test_backends_flag_forms(argv: list[str]) -> None:
 @pytest.mark.parametrize(("argv", "env", "fragment"), [
     (["--routing-policy", "fastest"], {},
      ("GATEWAY_ROUTING_POLICY (--routing-policy): Input should be 'prefix_affinity', "
-     "'least_outstanding' or 'round_robin' (got 'fastest')")),
+     "'least_outstanding', 'round_robin' or 'kv_aware' (got 'fastest')")),
     (["--flow", "{bad"], {},
      ("--flow is not valid JSON (Expecting property name enclosed in double quotes: line 1 column "
      "2 (char 1)); give a JSON object such as '{\"ttft_target_s\":4.0}', or the dotted flags "

@@ -210,3 +210,17 @@ def test_cli_argv_mode_prints_what_build_command_builds(make_model_dir: ModelDir
         master_addr="leader",
     )
     assert printed == build_command(settings, Host.current()).to_json_dict()
+
+
+def test_kv_events_on_the_port_and_replay_on_the_next_where_the_gateway_looks() -> None:
+    from gateway.routing.kv_events import events_endpoint, replay_endpoint
+    from gateway.settings import KvSettings
+
+    cmd = build_command(load_settings(model_path="/models/m", kv_events_port=5601), HOST)
+    config = json.loads(flag_value(cmd, "--kv-events-config"))
+    assert config == {"enable_kv_cache_events": True, "publisher": "zmq",
+                      "endpoint": "tcp://*:5601", "replay_endpoint": "tcp://*:5602"}
+    # The gateway's side of the seam: the same ports on the replica's host.
+    ep = events_endpoint("http://10.1.2.3:8000", KvSettings(events_port=5601))
+    assert ep == "tcp://10.1.2.3:5601" and replay_endpoint(ep) == "tcp://10.1.2.3:5602"
+    assert "--kv-events-config" not in build_command(load_settings(model_path="/m"), HOST).argv

@@ -48,8 +48,9 @@ async def test_dns_settings_resolve_the_name() -> None:
 def test_the_settings_accept_exactly_the_policies_the_factory_builds() -> None:
     # One list of names: the settings refuse at start-up what the factory could not build.
     assert set(get_args(PolicyName)) == set(POLICIES)
+    kv = {"tokenizers": {"m": "/models/m"}}
     for name in get_args(PolicyName):
-        assert GatewaySettings(routing_policy=name, routing_policies={"m": name})
+        assert GatewaySettings(routing_policy=name, routing_policies={"m": name}, kv=kv)
     for bad in ({"routing_policy": "nope"}, {"routing_policies": {"m": "nope"}}):
         with pytest.raises(ValidationError, match="routing_polic"):
             GatewaySettings(**bad)  # type: ignore[arg-type]
@@ -83,3 +84,15 @@ def test_prefix_affinity_is_the_default_and_least_outstanding_one_setting_away()
     old = build_router(GatewaySettings(routing_policy="least_outstanding"), NoProber())._policy_for
     assert type(default("m")).__name__ == "PrefixAffinity" and default("m").uses_affinity
     assert not old("m").uses_affinity
+
+
+def test_kv_aware_without_a_tokenizer_is_refused_naming_the_setting() -> None:
+    for bad in ({"routing_policy": "kv_aware"}, {"routing_policies": {"m": "kv_aware"}}):
+        with pytest.raises(ValidationError, match="GATEWAY_KV__TOKENIZERS"):
+            GatewaySettings(**bad)  # type: ignore[arg-type]
+
+
+def test_kv_aware_without_a_subscriber_routes_by_history() -> None:
+    # A router built without KV events (no kv_aware pool at start-up) cannot score on them.
+    s = GatewaySettings(routing_policy="kv_aware", kv={"tokenizers": {"m": "/models/m"}})
+    assert type(build_router(s, NoProber())._policy_for("m")).__name__ == "PrefixAffinity"
