@@ -515,8 +515,13 @@ SCHEMA: dict[str, Any] = {
         ),
         "models": {"type": "array", "items": model},
         # port null: the worker's default (worker/rules.py ENGINE_PORT, through _rules.tpl).
-        "workerDefaults": obj({"port": {**field(WorkerSettings, "port"), "type": ["integer", "null"]},
-                               **INFRA}),
+        "workerDefaults": obj({
+            "port": {**field(WorkerSettings, "port"), "type": ["integer", "null"]},
+            # vLLM's KV cache events on this port, their replay on the next (kv_aware routing).
+            "kvEventsPort": {**field(WorkerSettings, "kv_events_port"),
+                             "type": ["integer", "null"]},
+            **INFRA,
+        }),
         "modelStorage": obj(
             {
                 "existingClaim": s(),

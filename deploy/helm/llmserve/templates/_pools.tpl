@@ -17,7 +17,7 @@ worker/rules.py, refuses a pipelineParallelSize that is not a multiple of multiN
 {{- define "llmserve.pool" -}}
 {{- $root := .root -}}
 {{- $where := printf "models[%d] (%s)" (int .index) (.pool.name | default "?") -}}
-{{- $m := include "llmserve.deepMerge" (dict "base" (omit $root.Values.workerDefaults "port") "over" .pool) | fromYaml -}}
+{{- $m := include "llmserve.deepMerge" (dict "base" (omit $root.Values.workerDefaults "port" "kvEventsPort") "over" .pool) | fromYaml -}}
 {{- if hasKey $m "Error" -}}{{- fail (printf "%s: %s" $where $m.Error) -}}{{- end -}}
 {{- $_ := set $m "revision" ($m.revision | default "main") -}}
 {{- $_ := set $m "servedModelName" ($m.servedModelName | default $m.model) -}}
@@ -44,6 +44,12 @@ worker/rules.py, refuses a pipelineParallelSize that is not a multiple of multiN
 {{- end -}}
 {{- $_ := set $m "replicas" (int (ternary 1 $m.replicas (kindIs "invalid" $m.replicas))) -}}
 {{- $_ := set $m "port" (int (include "llmserve.workerPort" $root)) -}}
+{{- /* Chart-wide, as the port: the gateway looks for every replica's events on this one. */ -}}
+{{- $kv := $root.Values.workerDefaults.kvEventsPort -}}
+{{- $_ := set $m "kvEventsPort" (ternary nil (int $kv) (kindIs "invalid" $kv)) -}}
+{{- if and $m.kvEventsPort (or (eq (int $m.kvEventsPort) (int $m.port)) (eq (add1 (int $m.kvEventsPort)) (int $m.port))) -}}
+{{- fail (printf "%s: workerDefaults.kvEventsPort=%d (and the next port, its replay socket) collides with workerDefaults.port" $where (int $m.kvEventsPort)) -}}
+{{- end -}}
 {{- $_ := set $m "drainTimeoutSeconds" (include "llmserve.drainSeconds" (dict "root" $root "value" $m.drainTimeoutSeconds) | int) -}}
 {{- $tp := $m.tensorParallelSize -}}
 {{- $pp := $m.pipelineParallelSize -}}

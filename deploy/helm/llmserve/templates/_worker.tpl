@@ -65,6 +65,10 @@ interfaces, which on multi-homed nodes (host network, secondary CNIs) may not be
 {{- end }}
 - name: WORKER_PORT
   value: {{ $m.port | int | toString | quote }}
+{{- if $m.kvEventsPort }}
+- name: WORKER_KV_EVENTS_PORT
+  value: {{ $m.kvEventsPort | int | toString | quote }}
+{{- end }}
 {{- if not (kindIs "invalid" $m.maxModelLen) }}
 - name: WORKER_MAX_MODEL_LEN
   value: {{ $m.maxModelLen | int | toString | quote }}
@@ -187,6 +191,15 @@ containers:
       - name: http
         containerPort: {{ $m.port }}
         protocol: TCP
+      {{- if $m.kvEventsPort }}
+      # vLLM's KV cache events and their replay socket, for the gateway's kv_aware routing.
+      - name: kv-events
+        containerPort: {{ $m.kvEventsPort }}
+        protocol: TCP
+      - name: kv-replay
+        containerPort: {{ add1 $m.kvEventsPort }}
+        protocol: TCP
+      {{- end }}
       {{- if $m.isMultiNode }}
       # torch.distributed's rendezvous on the leader; the followers connect to it.
       - name: dist
