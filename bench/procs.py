@@ -41,7 +41,12 @@ def _ephemeral_low() -> int:
 
 
 def free_port_pair() -> int:
-    """A port P such that P and P+1 are both free now (for servers numbered from a base).
+    """A port P such that P and P+1 are both free now (for servers numbered from a base)."""
+    return free_port_run(2)
+
+
+def free_port_run(n: int) -> int:
+    """A port P such that P ... P+n-1 are all free now (for servers numbered from a base).
 
     Taken below the kernel's ephemeral range: Linux gives bind(0) odd ports there and outgoing
     connections the even ones, one after another, so P+1 of a pair made from bind(0) is the kind
@@ -50,14 +55,19 @@ def free_port_pair() -> int:
     top = _ephemeral_low()
     rng = random.Random()
     while True:
-        base = rng.randrange(max(1024, top - 12_000), top - 1)
+        base = rng.randrange(max(1024, top - 12_000), top - n)
+        socks = []
         try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", base))
-                b.bind(("127.0.0.1", base + 1))
+            for i in range(n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", base + i))
             return base
         except OSError:
             continue
+        finally:
+            for sock in socks:
+                sock.close()
 
 
 def wait_ok(url: str, timeout_s: float = 30) -> None:

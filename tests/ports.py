@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from bench.procs import free_port, free_port_pair
+from bench.procs import free_port, free_port_pair, free_port_run
 
-__all__ = ["free_port", "free_port_pair"]
+__all__ = ["free_port", "free_port_pair", "free_port_run"]

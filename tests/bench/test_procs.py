@@ -51,3 +51,18 @@ def test_cpu_busy_counts_up() -> None:
     after = cpu_busy(0)
     assert 0 <= before[0] <= after[0] and before[1] <= after[1] and before[0] <= before[1]
     assert 0.0 <= busy_share(before, after) <= 1.0
+
+
+def test_free_port_run_gives_n_consecutive_free_ports() -> None:
+    import socket
+
+    from bench.procs import free_port_run
+
+    base = free_port_run(8)
+    socks = [socket.socket() for _ in range(8)]
+    try:
+        for i, s in enumerate(socks):
+            s.bind(("127.0.0.1", base + i))  # raises if one was not free
+    finally:
+        for s in socks:
+            s.close()
