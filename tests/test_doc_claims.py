@@ -14,9 +14,10 @@ from gateway.settings import GatewaySettings
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", REPO / "deploy/README.md", *sorted((REPO / "docs").glob("*.md"))]
-# CamelCase names the docs take from other projects (Kubernetes, KEDA, locust, boto3).
-FOREIGN = {"AverageValue", "FastHttpUser", "IfNotPresent", "LLMInferenceService",
-           "ReadWriteOnce", "ScaledObject", "TransferManager"}
+# CamelCase names the docs take from other projects (Kubernetes and its Gateway API, Envoy,
+# KEDA, locust, boto3).
+FOREIGN = {"AverageValue", "FastHttpUser", "IfNotPresent", "ImmediateResponse", "InferencePool",
+           "LLMInferenceService", "ReadWriteOnce", "ScaledObject", "TransferManager"}
 
 
 def _python_names() -> set[str]:
@@ -27,6 +28,7 @@ def _python_names() -> set[str]:
         text = (REPO / path).read_text(encoding="utf-8")
         names.update(re.findall(r"^\s*(?:class|def)\s+(\w+)", text, re.MULTILINE))
         names.update(re.findall(r"^(\w+)\s*(?::[^=\n]+)?=", text, re.MULTILINE))
+        names.update(re.findall(r"^from [\w.]+ import \w+ as (\w+)", text, re.MULTILINE))
     return names
 
 
