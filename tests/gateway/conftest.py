@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -17,6 +19,7 @@ import uvicorn
 from bench.fake_upstream import Behaviour, FakeUpstream, start_in_thread
 from gateway.app import build_app
 from gateway.edge import Edge, EdgeProtocol
+from gateway.flow.keys import hash_key
 from gateway.settings import GatewaySettings
 from tests import loopback
 from tests.ports import free_port
@@ -160,3 +163,12 @@ class BackgroundStream:
     def join(self, timeout_s: float = 30) -> str:
         self._thread.join(timeout_s)
         return self._text
+
+
+def write_keys(directory: Path, keys: dict[str, dict[str, Any]]) -> Path:
+    """An API keys file (gateway/flow/keys.py's format) in `directory`: each key, stored as the
+    gateway expects it (its SHA-256), with its tenant and limits."""
+    path = directory / "keys.json"
+    path.write_text(json.dumps({"keys": [{"sha256": hash_key(key), **entry}
+                                         for key, entry in keys.items()]}))
+    return path

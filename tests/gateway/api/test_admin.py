@@ -4,7 +4,6 @@ by model, errors in OpenAI's shape and bounded metric labels."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from gateway.flow.keys import hash_key
 from tests import loopback
-from tests.gateway.conftest import RunningGateway, run_gateway
+from tests.gateway.conftest import RunningGateway, run_gateway, write_keys
 from tests.gateway.lora_upstream import LoraReplica, serve
 from tests.waiting import wait_for
 
@@ -204,9 +203,7 @@ def test_with_more_adapters_than_slots_each_stays_where_it_is_resident(
 def test_key_limits_and_tenant_accounting_apply_to_adapters(
     replicas: tuple[LoraReplica, ...], tmp_path: Path
 ) -> None:
-    keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps({"keys": [{"tenant": "acme", "sha256": hash_key("k-acme"),
-                                          "rpm": 3}]}))
+    keys = write_keys(tmp_path, {"k-acme": {"tenant": "acme", "rpm": 3}})
     with run_gateway(backends=[r.url for r in replicas], api_keys_file=keys) as gw:
         auth = {"authorization": "Bearer k-acme"}
         statuses = [chat(gw, m, headers=auth).status_code for m in ("sql", BASE, "sql", "sql")]

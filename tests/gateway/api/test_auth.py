@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import pytest
 
-from gateway.flow.keys import hash_key
 from tests import loopback
-from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, write_keys
 
 KEY = "sk-test-7f3a9c"
 BODY = {"model": "demo", "prompt": "hi", "max_tokens": 2}
@@ -18,9 +16,7 @@ BODY = {"model": "demo", "prompt": "hi", "max_tokens": 2}
 
 @pytest.fixture
 def keys_file(tmp_path: Path) -> Path:
-    p = tmp_path / "keys.json"
-    p.write_text(json.dumps({"keys": [{"tenant": "acme", "sha256": hash_key(KEY)}]}))
-    return p
+    return write_keys(tmp_path, {KEY: {"tenant": "acme"}})
 
 
 def test_auth(upstreams: UpstreamFactory, keys_file: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from bench.envoy import Envoy
-from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, write_keys
 from tests.gateway.epp.conftest import host_port, run_epp
 
 CHAT = "/v1/chat/completions"
@@ -170,12 +170,8 @@ def test_overload_is_refused_by_the_epp(upstreams: UpstreamFactory,
 
 def test_per_key_limits_answer_429(upstreams: UpstreamFactory, envoy: Callable[..., Envoy],
                                    tmp_path: Any) -> None:
-    import hashlib
 
-    keys = tmp_path / "keys.json"
-    digest = hashlib.sha256(b"sk-one").hexdigest()
-    keys.write_text(orjson.dumps({"keys": [{"tenant": "one", "sha256": digest, "rpm": 2}]})
-                    .decode())
+    keys = write_keys(tmp_path, {"sk-one": {"tenant": "one", "rpm": 2}})
     up = upstreams()
     with run_epp(backends=[url_of(up)], api_keys_file=keys) as epp:
         proxy = envoy(epp_port=epp.port)

@@ -15,21 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.flow.keys import hash_key
 from tests import loopback
-from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, write_keys
 from tests.ports import free_port
 
 BODY = {"model": "demo", "prompt": "hi", "max_tokens": 4}
 
 
 def keys(tmp_path: Path, **limits: float) -> Path:
-    p = tmp_path / "keys.json"
-    p.write_text(json.dumps({"keys": [
-        {"tenant": "small", "sha256": hash_key("sk-small"), **limits},
-        {"tenant": "big", "sha256": hash_key("sk-big")},
-    ]}))
-    return p
+    return write_keys(tmp_path, {"sk-small": {"tenant": "small", **limits},
+                                 "sk-big": {"tenant": "big"}})
 
 
 def auth(key: str) -> dict[str, str]:

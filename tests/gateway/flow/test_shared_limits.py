@@ -18,12 +18,12 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from gateway.flow.keys import ApiKey, hash_key
+from gateway.flow.keys import ApiKey
 from gateway.flow.tenants import Tenants
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
 from tests import loopback
-from tests.gateway.conftest import UpstreamFactory, url_of
+from tests.gateway.conftest import UpstreamFactory, url_of, write_keys
 from tests.ports import free_port
 from tests.redisserver import RedisServer, redis_server
 
@@ -40,9 +40,7 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 def _keys_file(tmp_path: Path) -> Path:
-    p = tmp_path / "keys.json"
-    p.write_text(json.dumps({"keys": [{"tenant": "acme", "sha256": hash_key(KEY), "rpm": RPM}]}))
-    return p
+    return write_keys(tmp_path, {KEY: {"tenant": "acme", "rpm": RPM}})
 
 
 @contextlib.contextmanager

@@ -9,7 +9,6 @@ EndpointSlices or DNS would say); the replicas are fake upstreams, the gateway i
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
@@ -18,12 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.flow.keys import hash_key
 from gateway.routing import factory
 from gateway.settings import GatewaySettings, PoolLayout
 from tests import loopback
 from tests.autoscaler import pool_gauge
-from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, write_keys
 from tests.gateway.lora_upstream import LoraReplica, serve
 from tests.waiting import wait_for
 
@@ -141,8 +139,7 @@ def test_an_adapters_requests_at_zero_keep_the_per_key_limits(
     adapter's requests skipped the per-key limits and admission), and the one within its rate is
     served by the next replica, which the gateway gives the adapter first."""
     key, admin = "sk-at-zero", "admin-key-0123456789"
-    keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps({"keys": [{"tenant": "t", "sha256": hash_key(key), "rpm": 2}]}))
+    keys = write_keys(tmp_path, {key: {"tenant": "t", "rpm": 2}})
     auth = {"authorization": f"Bearer {key}"}
     chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
     pools = [PoolLayout(name="p", model="demo", scale_to_zero=True, wake_budget_s=30)]

@@ -16,11 +16,10 @@ from typing import Any
 import httpx
 
 from bench.fake_upstream import start_fake_upstream
-from gateway.flow.keys import hash_key
 from gateway.settings import PoolLayout
 from tests import loopback
 from tests.autoscaler import Autoscaler, pool_gauge, sample_value
-from tests.gateway.conftest import RunningGateway, run_gateway
+from tests.gateway.conftest import RunningGateway, run_gateway, write_keys
 from tests.gateway.lora_upstream import LoraReplica, serve
 from tests.ports import free_port
 from tests.waiting import wait_for
@@ -155,8 +154,7 @@ async def test_per_key_limits_refuse_before_the_wait(tmp_path: Path) -> None:
     """A key over its request rate hears 429 at once, as from a running pool; it does not wait
     for the wake, nor count in the signal."""
     key = "sk-wake-test"
-    keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps({"keys": [{"tenant": "t", "sha256": hash_key(key), "rpm": 1}]}))
+    keys = write_keys(tmp_path, {key: {"tenant": "t", "rpm": 1}})
     auth = {"Authorization": f"Bearer {key}"}
     with gateway_at_zero(30, api_keys_file=keys) as (gw, port), contextlib.ExitStack() as up:
         async with loopback.async_client(base_url=gw.url, timeout=30) as client:
