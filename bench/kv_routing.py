@@ -126,6 +126,15 @@ async def check_events(stack: LocalStack, model_dir: Path) -> str:
         await events.close()
 
 
+def kv_sum(urls: list[str]) -> dict[str, float]:
+    """kv_counters summed over the gateway replicas."""
+    out: dict[str, float] = {}
+    for u in urls:
+        for k, v in kv_counters(u).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
 def workload(args: argparse.Namespace, nonce: str) -> tuple[list[Messages], list[Messages]]:
     """(each session's first messages, the one-off prompts) of one round."""
     rng = random.Random(nonce)
@@ -196,7 +205,7 @@ async def run_round(targets: list[str], args: argparse.Namespace, nonce: str, re
 def one_round(policy: str, targets: list[str], stack: LocalStack, args: argparse.Namespace,
               nonce: str) -> RoundResult:
     res = RoundResult(policy)
-    k0 = kv_counters(targets[0]) if policy == "kv_aware" else {}
+    k0 = kv_sum(targets) if policy == "kv_aware" else {}
     h0, q0 = cache_counters(stack)
     t0 = time.perf_counter()
     asyncio.run(run_round(targets, args, nonce, res, pin=policy == "oracle"))
@@ -210,7 +219,7 @@ def one_round(policy: str, targets: list[str], stack: LocalStack, args: argparse
           f"{pct(ts, 0.9) * 1e3:6.0f} ms  {tps:6.1f} tok/s  wall {res.wall:6.1f} s  cache hits "
           f"{res.hit_rate:5.1%}  errors {res.errors}", flush=True)
     if policy == "kv_aware":
-        print_delta("kv_aware", k0, kv_counters(targets[0]))
+        print_delta("kv_aware", k0, kv_sum(targets))
     return res
 
 
