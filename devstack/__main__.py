@@ -4,6 +4,7 @@ orphans left. `llmserve-devstack compare` is `make compare` (devstack/compare.py
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import time
@@ -51,16 +52,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-nice", type=int, default=10, metavar="0-19",
                    help="CPU nice of the engines' sessions, so the gateway sharing these cores "
                         "answers first (worker --nice); 0 to treat them as equals")
+    p.add_argument("--responses-store", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep Responses API answers in the engines' memory, for "
+                        "previous_response_id, GET and cancel by id (never evicted: vLLM's "
+                        "VLLM_ENABLE_RESPONSES_API_STORE, docs/responses.md; default on)")
+    p.add_argument("--pooling-workers", type=int, default=0,
+                   help="also serve the model as an embedding model (embeddings, score, rerank) "
+                        "in a pool of its own, as MODEL-embed, on this many more workers "
+                        "(default 0)")
     args = p.parse_args(argv)
     if args.workers < 1:
         p.fail(f"--workers must be at least 1 (got {args.workers})")
+    if args.pooling_workers < 0:
+        p.fail(f"--pooling-workers must be at least 0 (got {args.pooling_workers})")
     if not args.model_dir.is_dir():
         p.fail(f"--model-dir {args.model_dir} is not a directory; build the demo model with "
                f"`python -m model_store bootstrap-demo --dest {args.model_dir}` (make up does)")
 
     stack = LocalStack(args.model_dir, workers=args.workers, gateway_port=args.port,
                        worker_base_port=args.worker_base_port, log_dir=args.log_dir,
-                       engine_nice=args.engine_nice)
+                       engine_nice=args.engine_nice, responses_store=args.responses_store,
+                       pooling_workers=args.pooling_workers)
     # The gateway starts once the engines are up, minutes from now: its settings (the flags
     # above, GATEWAY_* env) are checked by its own rules first.
     from gateway.cli import UsageError, parse_settings

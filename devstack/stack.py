@@ -90,7 +90,18 @@ class LocalStack:
     # KV cache events (the kv_aware policy): worker i publishes on base + 2i, replays on base + 2i
     # + 1; None: no events.
     kv_events_base_port: int | None = None
+    # vLLM's store of Responses API answers on the generating workers (worker --responses-store):
+    # previous_response_id, GET and cancel by id (docs/responses.md).
+    responses_store: bool = False
+    # Workers of a pooling pool of their own (embeddings, score, rerank), started with the others
+    # and serving the model as `pooling_model`; behind the gateway unless told otherwise.
+    pooling_workers: int = 0
+    pooling_args: list[str] = field(default_factory=lambda: ["--runner", "pooling",
+                                                             "--convert", "embed"])
+    pooling_base_port: int | None = None  # default: right after the generating workers' ports
+    pooling_behind_gateway: bool = True
     worker_procs: list[Proc] = field(default_factory=list)
+    pooling_procs: list[Proc] = field(default_factory=list)
     gateway_proc: Proc | None = None
 
     @property
@@ -107,23 +118,60 @@ class LocalStack:
                 for i, u in enumerate(self.worker_urls)}
 
     @property
+    def pooling_urls(self) -> list[str]:
+        base = (self.worker_base_port + self.workers if self.pooling_base_port is None
+                else self.pooling_base_port)
+        return [f"http://{self.host}:{base + j}" for j in range(self.pooling_workers)]
+
+    @property
+    def pooling_model(self) -> str:
+        return f"{self.model_dir.name}-embed"
+
+    @property
     def gateway_url(self) -> str:
         return f"http://{self.host}:{self.gateway_port}"
 
     def start_workers(self) -> None:
+        """Every worker at once, the pooling pool's too: they start in parallel."""
         for i in range(self.workers):
             self.worker_procs.append(self._worker_proc(i))
+        for j in range(self.pooling_workers):
+            self.pooling_procs.append(self._pooling_proc(j))
 
-    def _worker_proc(self, i: int) -> Proc:
-        cores = os.cpu_count() or 1
+    def _pooling_proc_argv(self, j: int) -> list[str]:
+        port = int(self.pooling_urls[j].rsplit(":", 1)[1])
+        return [*self._worker_argv(self.workers + j, port),
+                "--served-model-name", self.pooling_model, *self.pooling_args]
+
+    def _pooling_proc(self, j: int) -> Proc:
         env = dict(os.environ)
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        argv = [
+        return Proc(f"pooling-{j}", self._pooling_proc_argv(j), env,
+                    self.log_dir / f"pooling-{j}.log")
+
+    def _generating_argv(self, i: int) -> list[str]:
+        argv = [*self._worker_argv(i, self.worker_base_port + i), *self.worker_args]
+        if self.responses_store:
+            argv.append("--responses-store")
+        if self.kv_events_base_port is not None:
+            argv += ["--kv-events-port", str(self.kv_events_port(i))]
+        return argv
+
+    def _worker_proc(self, i: int) -> Proc:
+        env = dict(os.environ)
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        return Proc(f"worker-{i}", self._generating_argv(i), env,
+                    self.log_dir / f"worker-{i}.log")
+
+    def _worker_argv(self, i: int, port: int) -> list[str]:
+        """The flags every worker of the stack gets: the model, one core, drain and priority."""
+        cores = os.cpu_count() or 1
+        return [
             sys.executable, "-m", "worker",
             "--model-path", str(self.model_dir),
             "--device", "cpu",
             "--host", self.host,
-            "--port", str(self.worker_base_port + i),
+            "--port", str(port),
             "--cpu-kvcache-space-gib", str(self.kv_cache_gib),
             # One core per replica: DP replicas sharing cores just fight over them.
             "--cpu-threads-bind", str(i % cores),
@@ -132,11 +180,7 @@ class LocalStack:
             # The gateway shares these cores; at the engines' priority it waits for a core
             # under overload and its refusals slow down (docs/benchmarks.md, flow control).
             "--nice", str(self.engine_nice),
-            *self.worker_args,
         ]
-        if self.kv_events_base_port is not None:
-            argv += ["--kv-events-port", str(self.kv_events_port(i))]
-        return Proc(f"worker-{i}", argv, env, self.log_dir / f"worker-{i}.log")
 
     def restart_worker(self, i: int, timeout_s: float = 600, kill: bool = False) -> None:
         """Stop worker `i` as Kubernetes would (SIGTERM: it drains, then stops vLLM), or with
@@ -153,6 +197,8 @@ class LocalStack:
     def wait_workers(self, timeout_s: float = 600) -> None:
         for i in range(self.workers):
             self._wait_worker(i, timeout_s)
+        for j, url in enumerate(self.pooling_urls):
+            wait_http_ok(url + "/health", timeout_s, [self.pooling_procs[j]], stall_s=STALL_S)
 
     def _wait_worker(self, i: int, timeout_s: float) -> None:
         """Until worker `i` is healthy. A start that hangs (no log line and no CPU used for
@@ -174,7 +220,8 @@ class LocalStack:
 
     def gateway_flags(self) -> list[str]:
         argv = ["--host", self.host, "--port", str(self.gateway_port), *CPU_FLOW_ARGS]
-        for url in self.worker_urls:
+        pooling = self.pooling_urls if self.pooling_behind_gateway else []
+        for url in self.worker_urls + pooling:
             argv += ["--backend", url]
         return argv + self.gateway_args  # after the defaults above: argparse keeps the last value
 
@@ -187,7 +234,8 @@ class LocalStack:
         wait_http_ok(self.gateway_url + "/ready", timeout_s, [self.gateway_proc])
 
     def all_procs(self) -> list[Proc]:
-        return ([self.gateway_proc] if self.gateway_proc else []) + self.worker_procs
+        return (([self.gateway_proc] if self.gateway_proc else []) + self.worker_procs
+                + self.pooling_procs)
 
     def stop(self) -> None:
         # Gateway first so no new request reaches a worker that is going away.

@@ -17,6 +17,8 @@ from tests.cli import EXIT_USAGE, usage_error
     (["--model-dir", "{tmp}/none"], PROG, ("--model-dir {tmp}/none is not a directory; build the "
                                           "demo model with `python -m model_store bootstrap-demo")),
     (["--model-dir", "{tmp}", "--workers", "0"], PROG, "--workers must be at least 1 (got 0)"),
+    (["--model-dir", "{tmp}", "--pooling-workers", "-1"], PROG,
+     "--pooling-workers must be at least 0 (got -1)"),
     (["compare", "--rounds", "two"], f"{PROG} compare", "argument --rounds: invalid int value"),
     (["compare", "--demo-dir", "{tmp}/none"], f"{PROG} compare",
      "{tmp}/none has no tokenizer.json (run make model first)"),

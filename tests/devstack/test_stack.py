@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from devstack.procs import Proc
-from devstack.stack import Stalled, wait_http_ok
+from devstack.stack import LocalStack, Stalled, wait_http_ok
 from tests.ports import free_port
 
 # Real processes watched over windows of seconds (the stall rule's 2 s): full tier only.
@@ -51,3 +51,24 @@ def test_a_start_that_logs_or_uses_cpu_is_only_slow(tmp_path: Path, code: str) -
         assert not isinstance(info.value, Stalled)
     finally:
         p.stop(grace_s=2)
+
+
+def test_a_pooling_pool_starts_beside_the_workers_under_a_name_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """The argv each worker would run, and the backends the gateway gets (nothing started)."""
+    model = tmp_path / "SmolLM2-135M-Instruct"
+    s = LocalStack(model, workers=2, worker_base_port=9100, pooling_workers=1,
+                   responses_store=True)
+    assert s.pooling_urls == ["http://127.0.0.1:9102"]
+    assert s.pooling_model == "SmolLM2-135M-Instruct-embed"
+    backends = [s.gateway_flags()[i + 1] for i, f in enumerate(s.gateway_flags())
+                if f == "--backend"]
+    assert backends == [*s.worker_urls, *s.pooling_urls]
+    hidden = LocalStack(model, pooling_workers=1, pooling_behind_gateway=False)
+    assert hidden.pooling_urls[0] not in hidden.gateway_flags()
+    argv = s._pooling_proc_argv(0)
+    assert argv[argv.index("--served-model-name") + 1] == "SmolLM2-135M-Instruct-embed"
+    assert argv[argv.index("--runner") + 1] == "pooling"
+    assert argv[argv.index("--port") + 1] == "9102" and "--responses-store" not in argv
+    assert "--responses-store" in s._generating_argv(0)
