@@ -6,11 +6,12 @@ integer compare and increment, no future, no task. Otherwise it waits in the poo
 but only if the door can promise it a slot within the queue timeout; else it is refused at once
 (503 with Retry-After), so the client hears "retry in N s" within milliseconds. The promise is
 
-- a slot expected within half the timeout at the pool's pace now (retry_after.py: the requests in
-  flight and how long requests take from admission to release), or
 - while the limit still climbs, from a cold start or after a pause (slow start, limiter.py), and
   nothing shows the engines full yet: fewer requests ahead of it than `PROMISE` x those in
-  flight, each of which adds two slots when its first token comes back fast.
+  flight, each of which adds two slots when its first token comes back fast;
+- once the engines have shown their capacity: a slot expected within half the timeout at the
+  pool's pace now (retry_after.py: the requests in flight and how long requests take from
+  admission to release).
 
 A queued request whose estimate proves too hopeful (usually a limit cut while it waited) is sent
 at its deadline above the limit (`llmserve_queue_overflows_total`) rather than refused after a
@@ -142,11 +143,17 @@ class Pool:
         s = self._settings
         service = self.pace.service_s
         ahead = self.queue.ahead_of(tenant.name, cls, tenant.weight)
-        # The two promises of the module docstring.
-        served = service > 0.0 and (
-            expected_wait(ahead, self.in_flight, self.limiter.limit, service)
-            <= s.queue_timeout_s * QUEUE_HEADROOM)
-        promised = not served and ahead < PROMISE * self.in_flight and self._climbing()
+        # The two promises of the module docstring. While the limit climbs (from a start or a
+        # pause) only the climb's: the pace of the requests before a pause says nothing of the
+        # burst after it, which may hold prompts ten times as long.
+        if self.limiter.slow_start:
+            served = False
+            promised = ahead < PROMISE * self.in_flight and self._climbing()
+        else:
+            served = service > 0.0 and (
+                expected_wait(ahead, self.in_flight, self.limiter.limit, service)
+                <= s.queue_timeout_s * QUEUE_HEADROOM)
+            promised = False
         if not (served or promised):
             raise self._refuse("queue_wait", ahead)
         loop = asyncio.get_running_loop()

@@ -137,3 +137,20 @@ def test_what_the_engine_alone_serves_in_time_the_gateway_refuses_none_of(
     assume(within)
     for flow in within:
         assert refusals(replay(trace, ENGINE, flow)) == [], flow
+
+
+def test_after_a_pause_the_pace_before_it_does_not_admit_a_burst_of_long_prompts() -> None:
+    # Short chats one at a time teach a pace of a second per request; after a pause come 160
+    # streams with ~300-token prompts, which the engine alone answers in up to a minute. The door
+    # must not queue them all on the old pace (and send them at their deadline into the
+    # engine): beyond the climb's promise it refuses at once. (The promise's own 36 are sent at
+    # their deadline: no first token has come back by then to show the engine full.)
+    chat = Req(stream=True, prompt=45, output=8)
+    long = Req(stream=True, prompt=300, output=8)
+    trace: list[Phase] = [Sequential((chat,) * 20), Burst((long,) * 160, gap_s=2.0)]
+    alone = replay(trace, ENGINE, None)
+    assert alone.max_ttft() > 2 * MAKE_UP.ttft_target_s
+    gw = replay(trace, ENGINE, MAKE_UP)
+    assert len(gw.refused) == 160 - COLD_BURST
+    assert all(o.done_s == 0.0 and o.retry_after is not None and o.retry_after >= 1
+               for o in gw.refused)

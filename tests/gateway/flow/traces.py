@@ -78,7 +78,7 @@ class Outcome:
     sent: float
     status: int = 0  # 200, 400, 503; 499: the client left first
     ttft_s: float | None = None  # from the send, the engine's first token (whole answers too)
-    done_s: float | None = None  # from the send, the answer's end
+    done_s: float | None = None  # from the send, the answer's end (or the refusal's)
     retry_after: float | None = None
     message: str = ""
 
@@ -200,6 +200,7 @@ class _Side:
                     await pool.acquire(tenant, 1)
                 except Unavailable as exc:
                     out.status, out.retry_after, out.message = 503, exc.retry_after, exc.message
+                    out.done_s = loop.time() - out.sent
                     return
         dispatched = loop.time()
         seq = None
