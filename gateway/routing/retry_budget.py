@@ -1,7 +1,7 @@
 """A retry budget (Finagle's RetryBudget, Envoy's retry_budget): when replicas fail broadly,
 every retry is load on the ones still answering, so retries are at most `ratio` of recent
 requests (20%: 1.2x at worst) plus `min_retries` per window, for light traffic. "Recent" is a
-sliding window of `window_s`, approximated by two fixed windows.
+sliding window of WINDOW_S, approximated by two fixed windows.
 """
 
 from __future__ import annotations
@@ -9,18 +9,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from time import monotonic
 
+# The window the budget counts requests and retries over (GATEWAY_RETRY_BUDGET says "last 10 s").
+WINDOW_S = 10.0
+
 
 class RetryBudget:
     __slots__ = ("_clock", "_min", "_prev_requests", "_prev_retries", "_ratio", "_requests",
                  "_retries", "_start", "_window")
 
     def __init__(
-        self, ratio: float = 0.2, min_retries: int = 3, window_s: float = 10.0,
-        clock: Callable[[], float] = monotonic,
+        self, ratio: float = 0.2, min_retries: int = 3, clock: Callable[[], float] = monotonic,
     ) -> None:
         self._ratio = ratio
         self._min = min_retries
-        self._window = window_s
+        self._window = WINDOW_S
         self._clock = clock
         self._start = clock()
         self._requests = self._retries = 0

@@ -13,7 +13,7 @@ from tests.gateway.flow.conftest import FakeClock
 
 def test_retries_are_a_share_of_recent_requests_plus_a_floor() -> None:
     clock = FakeClock()
-    budget = RetryBudget(0.2, min_retries=3, window_s=10.0, clock=clock)
+    budget = RetryBudget(0.2, min_retries=3, clock=clock)
     assert [budget.try_retry() for _ in range(4)] == [True, True, True, False]  # the floor
     for _ in range(100):
         budget.request()
@@ -54,3 +54,14 @@ async def test_brownout_retries_stay_in_budget_and_clients_succeed(
         assert ok / len(codes) >= 0.99, f"{ok}/{len(codes)} succeeded"
         assert retries <= 0.2 * len(codes) + 3, f"{retries:.0f} retries for {len(codes)}"
         assert brown.completions > 0  # it was tried, then (mostly) routed around
+
+
+def test_the_window_is_a_constant_the_setting_states() -> None:
+    """The budget's window is fixed (no caller chose another); GATEWAY_RETRY_BUDGET's help
+    states it, and must follow it."""
+    from gateway.routing.retry_budget import WINDOW_S
+    from gateway.settings import GatewaySettings
+
+    description = GatewaySettings.model_fields["retry_budget"].description or ""
+    assert f"last {WINDOW_S:g} s" in description
+    assert "window_s" not in RetryBudget.__init__.__code__.co_varnames
