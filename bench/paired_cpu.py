@@ -13,7 +13,8 @@ load generator fell behind and the repeat does not count.
 
     python -m bench.paired_cpu new=/path/a old=/path/b [--rate 60] [--duration 6] [--repeats 4]
 
-A contender is a checkout's gateway (LABEL=DIR, run with DIR as its working directory), or
+A contender is a checkout's gateway (LABEL=DIR, run with DIR as its working directory; gateway
+flags may follow DIR in the same argument: 'off=/path/a --stream-resumes 0'), or
 another proxy run the same way: `LABEL=@vllm-router:/path/to/vllm-router` or `LABEL=@nginx`
 (bench/real_pace.py's setups; nginx's CPU includes its worker process).
 """
@@ -43,8 +44,9 @@ def command(spec: str, port: int, upstream: int, tmp: Path) -> str:
         return (f"{router} --host 127.0.0.1 --port {port} --worker-urls http://127.0.0.1:{upstream}"
                 f" --policy round_robin --log-level warning --prometheus-port {free_port()}")
     # From its own directory: `python -m` puts the working directory before PYTHONPATH.
-    return (f"env -C {spec} PYTHONPATH={spec} {sys.executable} -m gateway --host 127.0.0.1 "
-            f"--port {port} --backend http://127.0.0.1:{upstream} --log-level warning")
+    path, _, flags = spec.partition(" ")
+    return (f"env -C {path} PYTHONPATH={path} {sys.executable} -m gateway --host 127.0.0.1 "
+            f"--port {port} --backend http://127.0.0.1:{upstream} --log-level warning {flags}")
 
 
 async def _load(ports: list[int], rate: float, duration: float, tokens: int) -> list[Round]:
@@ -59,8 +61,8 @@ async def _load(ports: list[int], rate: float, duration: float, tokens: int) -> 
 def main() -> int:
     p = Parser(prog="python -m bench.paired_cpu", description=__doc__)
     p.add_argument("checkouts", nargs="+", metavar="LABEL=DIR",
-                   help="gateway checkouts (or @vllm-router[:PATH], @nginx); ratios are of "
-                        "the first to each other")
+                   help="gateway checkouts, each maybe with flags ('LABEL=DIR --flag value'), "
+                        "or @vllm-router[:PATH], @nginx; ratios are of the first to each other")
     p.add_argument("--rate", type=float, default=60.0, help="requests/s to EACH gateway")
     p.add_argument("--duration", type=float, default=6.0, help="measured seconds per repeat")
     p.add_argument("--repeats", type=int, default=4,
