@@ -149,7 +149,7 @@ class _Answers:
 
     def __init__(self, b: Behaviour) -> None:
         self.b = b
-        self._events: dict[tuple[str, bool, int, int], list[bytes]] = {}
+        self._events: dict[tuple[str, bool, int, int, bool, bool], list[bytes]] = {}
         self._whole: dict[tuple[str, int, int], bytes] = {}
 
     def _usage(self, n: int, prompts: int) -> Any:
@@ -159,10 +159,11 @@ class _Answers:
         return {"prompt_tokens": p, "completion_tokens": n * prompts, "total_tokens": p + n * prompts}
 
     def events(self, kind: str, include_usage: bool, n: int, prompts: int,
-               continuous: bool = False) -> list[bytes]:
+               continuous: bool = False, ids: bool = False) -> list[bytes]:
         """The stream's SSE events, each already framed as one chunk of the chunked encoding;
-        `continuous`: every choice chunk carries the usage so far."""
-        key = (kind, include_usage, n, prompts, continuous)
+        `continuous`: every choice chunk carries the usage so far; `ids`: the token ids too, as
+        vLLM's `return_token_ids` (the prompt's in the first event, each token's in its own)."""
+        key = (kind, include_usage, n, prompts, continuous, ids)
         cached = self._events.get(key)
         if cached is not None:
             return cached
@@ -194,6 +195,8 @@ class _Answers:
                    for i in range(prompts)]
         if continuous:
             ev = self._running_usage(ev, prompts)
+        if ids:
+            ev = self._token_ids(ev, kind)
         if include_usage:
             ev.append(_sse({**base, "choices": [], "usage": self._usage(n, prompts),
                             "system_fingerprint": FINGERPRINT}))
@@ -203,6 +206,26 @@ class _Answers:
             self._events.clear()
         self._events[key] = framed
         return framed
+
+    def _token_ids(self, events: list[bytes], kind: str) -> list[bytes]:
+        """`events` with vLLM's token id fields: token i is id 100 + i."""
+        out: list[bytes] = []
+        done = 0
+        for e in events:
+            obj = orjson.loads(e.removeprefix(b"data: "))
+            choice = obj["choices"][0]
+            first = not out
+            if kind == "chat" and first:
+                obj["prompt_token_ids"] = list(range(1, _PROMPT_TOKENS + 1))
+            else:
+                if kind == "completion":
+                    choice["prompt_token_ids"] = (list(range(1, _PROMPT_TOKENS + 1))
+                                                  if first else None)
+                token = bool(choice.get("text") or choice.get("delta", {}).get("content"))
+                choice["token_ids"] = [100 + done] if token else []
+                done += token
+            out.append(_sse(obj))
+        return out
 
     def _running_usage(self, events: list[bytes], prompts: int) -> list[bytes]:
         """`events` with the usage so far on each, counting one token per text-bearing event."""
@@ -485,7 +508,8 @@ class _Protocol(asyncio.Protocol):
         # As vLLM: running usage only with include_usage.
         usage = bool(so.get("include_usage"))
         events = u.answers.events(kind, usage, n, prompts,
-                                  usage and bool(so.get("continuous_usage_stats")))
+                                  usage and bool(so.get("continuous_usage_stats")),
+                                  prompts == 1 and body.get("return_token_ids") is True)
         if b.token_delay_s or b.first_token_delay_s or b.drop_after >= 0 or b.end_delay_s:
             await self._stream_slowly(events)
             return

@@ -342,6 +342,13 @@ class GatewayMetrics:
             "Retries not attempted because the retry budget (GATEWAY_RETRY_BUDGET) was spent",
             ["model"], registry=r,
         )
+        self.stream_resumes = Counter(
+            "llmserve_stream_resumes",
+            "Streams broken after their first byte, by what the gateway did (api/resume.py): "
+            "resumed on another replica, or why not (failed, no_replica, limit, deadline, "
+            "unsupported)",
+            ["outcome"], registry=r,
+        )
         # (backend URL, available for routing, requests in flight)
         self.backends = _Table("backend", [
             ("llmserve_backend_up", "1 if the backend is available for routing"),

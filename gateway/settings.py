@@ -418,6 +418,12 @@ class GatewaySettings(BaseSettings):
         50, ge=0, le=100, description="most of a pool passively ejected at once (at least one)")
     retries: int = Field(
         1, ge=0, le=5, description="extra attempts on other replicas, only before the first byte")
+    # Off by default: asking for token ids costs ~7% CPU per streamed request (docs/routing.md).
+    stream_resumes: int = Field(
+        0, ge=0, le=10,
+        description="a stream broken after its first byte is resumed token-exact on another "
+                    "ready replica up to this many times (docs/routing.md); 0: never, and "
+                    "engines are not asked for the token ids it needs")
     retry_budget: float = Field(
         0.2, ge=0, le=1, description="retries may be at most this share of the requests of the "
                                      "last 10 s (plus retry_budget_min): a bound on retry load")

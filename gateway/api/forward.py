@@ -19,6 +19,7 @@ from gateway.api.deps import ProxyDeps
 from gateway.api.endpoints import Endpoint
 from gateway.api.inflight import Exchange
 from gateway.api.replicas import any_model, check_answer, pinned, route_request, try_replicas
+from gateway.api.resume import ResumePlan
 from gateway.api.schemas import ParsedRequest
 from gateway.api.stream import relay_stream
 from gateway.api.whole import relay_whole
@@ -68,8 +69,16 @@ class Forwarder:
             await self._forward_other(scope, req, raw, send, ex, pool, tenant)
             return
         model = req.model
+        plan = None
+        if req.stream and req.readable and d.settings.stream_resumes:
+            # Taken before the body changes below: the client's own request.
+            plan = ResumePlan(req)
         if req.stream and not req.client_wants_usage:
             raw = ask_usage(req)
+        if plan is not None and plan.why_not is None and not plan.client_ids:
+            # The ids a resume starts from (api/resume.py); the relay hides them again.
+            req.body["return_token_ids"] = True
+            raw = orjson.dumps(req.body)
         headers = {"content-type": "application/json"}
         rid = scope.get("state", {}).get("request_id")
         if rid:
@@ -81,10 +90,12 @@ class Forwarder:
 
         route = (route_request(req, scope, self._session_header, self._endpoint.prompt)
                  if d.router.wants_affinity(model) else None)
+        if plan is not None:
+            plan.route = route
         tried: list[Backend] = []
         try:
             await try_replicas(d, model, self._label, tried, lambda backend: self._attempt(
-                backend, req, raw, headers, send, ex, pool, tenant), route)
+                backend, req, raw, headers, send, ex, pool, tenant, plan), route)
         except GatewayError as exc:
             self._failed(req, exc, tried, ex)
             await send_error(send, exc)
@@ -188,6 +199,7 @@ class Forwarder:
     async def _attempt(
         self, backend: Backend, req: ParsedRequest, raw: bytes, headers: dict[str, str],
         send: Send, ex: Exchange, pool: Pool | None, tenant: Tenant | None,
+        plan: ResumePlan | None,
     ) -> None:
         """One try on one replica: it answers the client, or raises GatewayError while the client
         has seen nothing (the caller may then retry elsewhere)."""
@@ -208,7 +220,7 @@ class Forwarder:
                 return
             if req.stream:
                 await relay_stream(d, backend, req, resp, send, ex, pool, tenant, dispatched,
-                                   self._endpoint)
+                                   self._endpoint, plan=plan)
             else:
                 await relay_whole(d, backend, req, resp, send, ex.started, tenant, pool,
                                   dispatched, self._endpoint)

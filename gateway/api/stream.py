@@ -3,7 +3,8 @@
 Rules it keeps (with the proxy's):
 - the response head is held back until the first upstream event, so a replica that fails before
   it can still be retried elsewhere;
-- past the first byte there is no retry: a broken stream ends with one in-band error event;
+- past the first byte a broken stream is resumed on another replica where it can be
+  (api/resume.py), else it ends with one in-band error event;
 - the chunk carrying [DONE] completes the response at once;
 - TTFT, ITL, TPOT, E2E and token counts are observed once per stream, never per event.
 
@@ -20,6 +21,8 @@ from gateway.api.accounting import count_usage, log_failure
 from gateway.api.deps import ProxyDeps
 from gateway.api.endpoints import Endpoint
 from gateway.api.inflight import Exchange
+from gateway.api.resume import EngineErrorEvent, ResumePlan, resume
+from gateway.api.resume_splice import ResumeSplice
 from gateway.api.schemas import ParsedRequest
 from gateway.api.splice import Splice
 from gateway.errors import GatewayError, UpstreamFailed, sse_error_event
@@ -42,15 +45,18 @@ async def relay_stream(
     d: ProxyDeps, backend: Backend, req: ParsedRequest, resp: UpstreamResponse, send: Send,
     ex: Exchange, pool: Pool | None, tenant: Tenant | None, dispatched: float,
     endpoint: Endpoint, head: list[tuple[bytes, bytes]] | None = None,
+    plan: ResumePlan | None = None,
 ) -> None:
     """Relay one upstream SSE stream whose head said 200 (module docstring). `head`: the
     engine's own response headers, relayed (the completions answer with the gateway's SSE head).
     A completion stream ends with [DONE]; another endpoint's (Responses, Messages) where its body
-    ends."""
+    ends. `plan`: how to resume it if it breaks (None: resuming is off)."""
     started = ex.started
     loop = asyncio.get_running_loop()
     completion = endpoint.kind != "other"
-    splice = Splice(started, strip_usage=not req.client_wants_usage, lenient_usage=not completion)
+    splice = (Splice(started, strip_usage=not req.client_wants_usage, lenient_usage=not completion)
+              if plan is None or plan.why_not is not None else
+              ResumeSplice(started, not req.client_wants_usage, strip_ids=not plan.client_ids))
     feed = splice.feed
     # Hold the head until the first event: until then a failure may still be retried.
     await resp.push(feed)
@@ -74,7 +80,7 @@ async def relay_stream(
 
     # The chunk that carries [DONE] ends the response (more_body=False) at once: a client
     # that hangs up right after [DONE] must count as served, not as a disconnect.
-    complete = False
+    complete = resumed = False
     status = "200"
     try:
         while not splice.saw_done:
@@ -95,13 +101,30 @@ async def relay_stream(
         complete = ex.responded = True
     except GatewayError as exc:
         resp.close()
-        # Past the first byte there is no retry: end the stream with one in-band error event.
         d.router.report_failure(backend)
-        log_failure(d.failures, ex, exc)
-        status = str(exc.status)
-        # Terminal events deferred for the fingerprint are the client's tokens: sent first.
-        await send({"type": "http.response.body",
-                    "body": splice.take_deferred() + sse_error_event(exc), "more_body": False})
+        left: GatewayError | None = exc
+        if isinstance(splice, ResumeSplice) and splice.tail:
+            left = EngineErrorEvent(splice.tail)
+        if plan is not None:
+            assert left is not None
+            try:
+                left = await resume(d, plan, splice if isinstance(splice, ResumeSplice) else None,
+                                    backend, left, send, ex)
+            except BaseException:  # as below: the drain's timeout, or the client hung up
+                status = "503" if ex.expired else "499"
+                raise
+        if left is None:  # resumed elsewhere: the client has its whole answer
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            complete = resumed = ex.responded = True
+        else:
+            # End the stream with one in-band error event (the engine's own, if it sent one).
+            # Terminal events deferred for the fingerprint are the client's tokens: sent first.
+            log_failure(d.failures, ex, left)
+            status = str(left.status)
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": splice.take_deferred() + (
+                            left.tail if isinstance(left, EngineErrorEvent)
+                            else sse_error_event(left))})
     except BaseException:
         # The drain's timeout, or the client closed the request (disconnect cancels this task).
         status = "503" if ex.expired else "499"
@@ -138,8 +161,8 @@ async def relay_stream(
             # one token per event it was sent, else a client that hangs up just before the end
             # would stream for free past its tokens-per-minute limit.
             tenant.used(0, len(splice.gaps))
-    if not complete:
-        return  # ended in-band above; the upstream connection is closed
+    if not complete or resumed:
+        return  # ended in-band above, or resumed; the upstream connection is closed
     # Read the chunked-encoding terminator so the connection goes back to the pool.
     try:
         while await resp.readany():
