@@ -89,6 +89,10 @@ class Behaviour(BaseSettings):
                                            "starts with '<'); empty: an OpenAI error object")
     drop_after: int = Field(-1, ge=-1, description="close the connection after this many SSE "
                                                    "events of a stream; -1: never")
+    error_after: int = Field(-1, ge=-1,
+                             description="after this many SSE events of a stream, send vLLM's "
+                                         "in-band error event and [DONE] instead of the rest "
+                                         "(an engine failing mid-generation); -1: never")
     end_delay_s: float = Field(0.0, ge=0, le=60,
                                description="sleep between a stream's last event ([DONE]) and the "
                                            "chunked-encoding terminator, sent as its own write")
@@ -510,7 +514,8 @@ class _Protocol(asyncio.Protocol):
         events = u.answers.events(kind, usage, n, prompts,
                                   usage and bool(so.get("continuous_usage_stats")),
                                   prompts == 1 and body.get("return_token_ids") is True)
-        if b.token_delay_s or b.first_token_delay_s or b.drop_after >= 0 or b.end_delay_s:
+        if (b.token_delay_s or b.first_token_delay_s or b.drop_after >= 0 or b.end_delay_s
+                or b.error_after >= 0):
             await self._stream_slowly(events)
             return
         for data in u.answers.writes(events):
@@ -533,6 +538,12 @@ class _Protocol(asyncio.Protocol):
         tail = next((i for i, ev in enumerate(events) if b'"finish_reason":"' in ev),
                     len(events) - 1)
         for i, ev in enumerate(events):
+            if i == b.error_after:
+                # vLLM's own shape (json.dumps of its ErrorResponse), then [DONE].
+                self._write(_chunk(b'data: {"error": {"message": "Internal server error", '
+                                   b'"type": "InternalServerError", "param": null, "code": 500}}'
+                                   b"\n\n") + _chunk(b"data: [DONE]\n\n") + _END)
+                return
             if i == b.drop_after:
                 assert self.transport is not None
                 self.transport.close()

@@ -176,3 +176,32 @@ def test_a_client_that_hangs_up_during_the_resumed_stream_aborts_it(
                'endpoint="/v1/chat/completions",model="demo",status="499"}')
         wait_for(lambda: gw.metric(cut) == 1)
         assert gw.metric('llmserve_stream_resumes_total{outcome="resumed"}') == 0
+
+
+def test_an_engine_error_event_mid_stream_is_resumed_from_the_other_replica(
+    upstreams: UpstreamFactory
+) -> None:
+    n = 10
+    failing, whole = upstreams(error_after=4, token_delay_s=0.01), upstreams()
+    with run_gateway(backends=[url_of(failing), url_of(whole)], routing_policy="round_robin",
+                     stream_resumes=2) as gw:
+        for _ in range(2):  # one of the two starts on the failing replica
+            text = loopback.post(gw.url + "/v1/chat/completions", timeout=30,
+                                 json={**CHAT, "max_tokens": n}).text
+            assert text.endswith("data: [DONE]\n\n") and '"error"' not in text, text
+            assert content(events(text)) == " tok" * n
+        assert gw.metric('llmserve_stream_resumes_total{outcome="resumed"}') >= 1
+
+
+def test_an_engine_error_event_that_cannot_be_resumed_reaches_the_client_unchanged(
+    upstreams: UpstreamFactory
+) -> None:
+    up = upstreams(error_after=4, token_delay_s=0.01)  # one event a read, as at a real pace
+    with run_gateway(backends=[url_of(up)], stream_resumes=2) as gw:
+        text = loopback.post(gw.url + "/v1/chat/completions", timeout=30,
+                             json={**CHAT, "max_tokens": 10}).text
+        assert text.endswith(
+            'data: {"error": {"message": "Internal server error", "type": '
+            '"InternalServerError", "param": null, "code": 500}}\n\ndata: [DONE]\n\n'), text
+        assert text.count("data: ") == 6  # the 4 events before it, the error, [DONE]
+        assert gw.metric('llmserve_stream_resumes_total{outcome="no_replica"}') == 1
