@@ -155,3 +155,19 @@ async def test_replicas_that_leave_are_unsubscribed(ctx: zmq.asyncio.Context) ->
     finally:
         await events.close()
         await pub.close()
+
+
+async def test_gateway_replicas_each_subscribing_see_the_same_index(
+        ctx: zmq.asyncio.Context) -> None:
+    port = free_port_pair()
+    pub = Publisher(ctx, port)
+    pub.batch(stored(1, 2))  # before either subscribed
+    (a, ia), (b, ib) = await subscribed(port), await subscribed(port)
+    try:
+        pub.batch(stored(3), removed(1))
+        await until(lambda: ia.seq == 1 and ib.seq == 1)
+        assert list(ia.blocks) == list(ib.blocks) == [2, 3]
+    finally:
+        await a.close()
+        await b.close()
+        await pub.close()
