@@ -38,7 +38,9 @@ async def subscribed(port: int) -> tuple[KvEvents, ReplicaIndex]:
     events.follow([URL])
     index = events.indexes[URL]
     await until(lambda: not index.stale)  # connected
-    await asyncio.sleep(0.2)  # ZMQ's subscription reaches the publisher after the connection
+    # ZMQ's subscription reaches the publisher after the connection; what is published before
+    # is dropped (and a later batch replays it, but a test's only batch would be lost).
+    await asyncio.sleep(0.4)
     return events, index
 
 
@@ -117,7 +119,7 @@ async def test_a_new_engine_on_the_same_address_starts_a_new_index(
         assert not index.blocks and events.restarts >= 1 and index.generation >= 1
         pub = Publisher(ctx, port)  # the restarted engine: its sequence starts at 0 again
         await until(lambda: not index.stale)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.4)
         pub.batch(stored(9))
         await until(lambda: index.seq == 0)
         assert list(index.blocks) == [9]
