@@ -17,6 +17,7 @@ from bench.fake_upstream import start_in_thread
 from gateway.api.replicas import DRAINING_CODE
 from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.waiting import wait_for
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
@@ -447,17 +448,29 @@ def test_terminator_after_done_in_a_later_read_keeps_the_upstream_connection(
     up = upstreams(end_delay_s=0.05)
     with run_gateway(backends=[url_of(up)]) as gw, loopback.client() as c:
         body = {**CHAT, "stream": True}
+
+        def back_in_the_pool() -> None:
+            # The client has [DONE] before the terminator; the request leaves the gateway (its
+            # admission slot is freed) only once the terminator is read and the connection put
+            # back. A fixed sleep here lost that race on a loaded machine: the next request then
+            # found no idle connection and opened one.
+            wait_for(lambda: gw.metric("llmserve_admitted_in_flight") == 0,
+                     what="the stream's terminator was never read")
+
         assert c.post(gw.url + "/v1/chat/completions", json=body).status_code == 200
-        time.sleep(0.1)  # the terminator came and the connection is back in the pool
+        back_in_the_pool()
         opened = up.opened
         for _ in range(10):
             r = c.post(gw.url + "/v1/chat/completions", json=body)
             assert events(r.text)[-1] == "data: [DONE]"
-            time.sleep(0.1)
+            back_in_the_pool()
         assert up.opened - opened <= 1, "a connection per stream: keep-alive was aborted"
         assert up.aborted == 0
-        # The gateway's own count agrees (probes and the first request opened the rest).
-        assert gw.metric("llmserve_upstream_connections_opened_total") == up.opened
+        # The gateway's own count agrees (probes and the first request opened the rest); a
+        # probe may be connecting at the scrape, counted by the upstream and not yet by the
+        # gateway: the two agree once it has.
+        wait_for(lambda: gw.metric("llmserve_upstream_connections_opened_total") == up.opened,
+                 what="the gateway's count of opened connections differs from the upstream's")
 
 
 def test_a_stream_is_counted_when_the_client_has_done_not_at_the_upstream_terminator(
