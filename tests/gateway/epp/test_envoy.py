@@ -16,6 +16,7 @@ import pytest
 from bench.envoy import Envoy
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, write_keys
 from tests.gateway.epp.conftest import host_port, run_epp
+from tests.waiting import wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -150,19 +151,26 @@ def test_overload_is_refused_by_the_epp(upstreams: UpstreamFactory,
         proxy = envoy(epp_port=epp.port)
 
         def one(_: int) -> tuple[int, float, httpx.Headers, bytes]:
-            t0 = time.monotonic()
             r = httpx.post(proxy.url + CHAT, json=chat(True), timeout=10)
-            return r.status_code, time.monotonic() - t0, r.headers, r.content
+            return r.status_code, time.monotonic(), r.headers, r.content
 
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             results = list(pool.map(one, range(6)))
         refused = [r for r in results if r[0] == 503]
-        assert refused and any(r[0] == 200 for r in results), [r[0] for r in results]
-        for _, took, headers, body in refused:
-            assert took < 1.0  # refused at once, not when the slot came free
+        served = [r for r in results if r[0] == 200]
+        assert refused and served, [r[0] for r in results]
+        # Refused at once, not when the slot came free: each refusal came back before the
+        # first answer, the one that held the slot, ended. (A bound in seconds failed on a
+        # loaded machine, where Envoy and the EPP share two cores with the test.)
+        slot_freed = min(ended for _, ended, _, _ in served)
+        for _, ended, headers, body in refused:
+            assert ended < slot_freed
             assert int(headers["retry-after"]) >= 1
             assert orjson.loads(body)["error"]["code"] == "overloaded"
-        assert epp.call(lambda: epp.state.flow.pool("demo").in_flight) == 0  # type: ignore[union-attr]
+        # The slot is given back when the EPP sees the answer's end, which need not come
+        # before the client has its last byte.
+        wait_for(lambda: epp.call(lambda: epp.state.flow.pool("demo").in_flight) == 0,  # type: ignore[union-attr]
+                 what="the slot was not given back")
         assert epp.metric("llmserve_rejections_total") == len(refused)
         # Served again once the slot is free.
         assert httpx.post(proxy.url + CHAT, json=chat(), timeout=10).status_code == 200
