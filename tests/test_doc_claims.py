@@ -67,3 +67,25 @@ def test_make_test_fast_needs_no_server() -> None:
     needing = {m.split(":")[0] for m in markers if ": needs" in m}
     assert needing <= excluded, f"make test-fast runs tests that need {needing - excluded}"
     assert "slow" in excluded
+
+
+# A path in the repository: a top-level directory of it, then a file name with its extension.
+_TOP = "|".join(sorted(p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".")))
+_PATH = re.compile(rf"(?<![\w/.-])((?:{_TOP})/[\w./-]*\w\.(?:py|md|yaml|json|tpl|txt|sh|toml))\b")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_files_a_doc_names_exist(doc: Path) -> None:
+    listed = set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.split())
+    named = set(_PATH.findall(doc.read_text()))
+    assert not sorted(named - listed), f"{doc.name} names files the repository does not hold"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_make_targets_a_doc_names_exist(doc: Path) -> None:
+    targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.MULTILINE))
+    # `make -f deploy/Makefile X` names another Makefile's target: not checked here.
+    named = set(re.findall(r"`make (\w[\w-]*)", doc.read_text()))
+    named |= set(re.findall(r"^make (\w[\w-]*)", doc.read_text(), re.MULTILINE))
+    assert not sorted(named - targets), f"{doc.name} names make targets the Makefile lacks"
