@@ -42,7 +42,7 @@ test: install model checkov-venv system-deps
 	LLMSERVE_MODEL_DIR=$(abspath $(MODEL_DIR)) $(BIN)/python -m pytest -m engine $(PYTEST_ARGS)
 
 # The fast tier, under a minute on 2 pytest-xdist workers: no engines, no `slow` tests (seconds each:
-# process stacks, a real Prometheus, real-time waits), no chart rendering (`make chart-test`), no
+# process stacks, a real Prometheus, real-time waits), no chart rendering (`make -f deploy/Makefile chart-test`), no
 # loopback S3 or Redis server (the full tier runs them all).
 test-fast: install
 	$(BIN)/python -m pytest -m "not engine and not helm and not s3 and not redis and not prometheus and not slow" -n 2 $(PYTEST_ARGS)
