@@ -30,6 +30,14 @@ def stack(s3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         # Fast probes so the failover test sees ejection and recovery within seconds.
         gateway_args=["--health-interval-s", "0.5", "--eject-for-s", "3",
                       "--timeouts.first-byte-s", "120"],
+        # Stored responses for tests/e2e/test_responses_and_pooling.py's conversation.
+        responses_store=True,
+        # The demo model as an embedding model, started with the two workers (in parallel, not
+        # a session of its own after them); test_responses_and_pooling.py's gateways front it,
+        # the stack's gateway does not (its tests count on two replicas of one model).
+        pooling_workers=1,
+        pooling_base_port=free_port(),
+        pooling_behind_gateway=False,
     )
     yield from running(s)
 
