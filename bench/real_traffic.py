@@ -18,7 +18,8 @@ Scenarios, through the OpenAI Python SDK with its default 2 retries (which honou
   long answer, prompts of a few to ~600 tokens, a bad parameter, streams the client closes after
   its first chunk or after 0.5 s, a whole answer it gives up on), then `--burst` streams at once.
 
-Per side: 503 answers the client saw over the whole scenario (counted from the HTTP responses,
+Per gateway side it also prints the gateway's refusals by reason, its concurrency limit and its
+queue overflows at the end of the scenario. Per side: 503 answers the client saw over the whole scenario (counted from the HTTP responses,
 retries included) and their Retry-After values, unexpected failures, the burst's wall time (first send to last end) and its
 TTFT p50 / max, and the burst's time over the engine alone's. Every stream asks for `--tokens`
 tokens with ignore_eos, so all cost the same.
@@ -226,6 +227,8 @@ def main() -> int:
                         urls = ["http://127.0.0.1:18300"]
                     try:
                         t = asyncio.run(scenario(sc, urls, model, args))
+                        if gw is not None:
+                            print(f"    {side} gateway: {flow_metrics(urls[0])}")
                     finally:
                         if gw is not None:
                             gw.stop()
@@ -248,6 +251,17 @@ def main() -> int:
     print("all bursts served whole, none refused, within 1.2x the engine alone" if ok else
           "NOT MET: a refusal, a failure, or a burst over 1.2x the engine alone")
     return 0 if ok else 1
+
+
+def flow_metrics(url: str) -> str:
+    """The gateway's refusals by reason and its concurrency limit now: why a 503 was sent."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    keep = ("llmserve_rejections_total{", "llmserve_concurrency_limit{",
+            "llmserve_queue_overflows_total{")
+    return "; ".join(line for line in lines if line.startswith(keep)) or "no flow metrics"
 
 
 async def scenario_warmup(urls: list[str], model: str, tally: Tally) -> None:
