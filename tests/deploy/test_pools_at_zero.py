@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator, Mapping
 
-import httpx
 import pytest
 
 from tests import loopback
 from tests.autoscaler import pool_gauge
-from tests.deploy.manifests import REPO, env_of, render
+from tests.deploy.manifests import env_of, render
+from tests.gateway.conftest import spawned_gateway
 from tests.gateway.lora_upstream import LoraReplica, serve
 from tests.ports import free_port
 from tests.waiting import wait_for
@@ -50,34 +46,11 @@ def gateway_from_chart(backend_port: int) -> Iterator[str]:
         "discovery": "static", "backends": [f"http://127.0.0.1:{backend_port}"]}})
     (pod,) = [p for p in rel.pods() if p.role == "gateway"]
     rendered: Mapping[str, str] = env_of(pod.container("gateway"))
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    env.update(rendered)
-    env.update(GATEWAY_HOST="127.0.0.1", GATEWAY_PORT=str(port),
-               GATEWAY_EDGE__PROBE_PORT=str(free_port()), GATEWAY_HEALTH_INTERVAL_S="0.2")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if loopback.get(url + "/v1/models", timeout=1).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read() if proc.stderr else ""
-                raise RuntimeError(f"gateway did not start: {err[-2000:]}")
-            time.sleep(0.05)
+    env = {**rendered, "GATEWAY_EDGE__PROBE_PORT": str(free_port()),
+           "GATEWAY_HEALTH_INTERVAL_S": "0.2"}
+    # /v1/models, not /ready: a gateway whose pools are all at zero is not ready.
+    with spawned_gateway(env=env, ready_path="/v1/models") as (_, url):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
 
 
 async def test_a_fresh_gateway_waits_for_a_declared_adapter_and_a_declared_pool_answers_503(

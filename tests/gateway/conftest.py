@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +26,8 @@ from tests import loopback
 from tests.ports import free_port
 from tests.threadserver import serve_in_thread
 from tests.waiting import metric_sum
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class ClientWriter:
@@ -119,23 +122,32 @@ def url_of(up: FakeUpstream) -> str:
 
 
 @contextlib.contextmanager
-def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`python -m gateway` in front of `up`, ready (its backend probed up); killed at exit.
-    stderr is a pipe: read it after the process ended."""
+def spawned_gateway(
+    args: Sequence[str] = (), env: Mapping[str, str] | None = None, ready_path: str = "/ready",
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`python -m gateway` as a process of its own on a free loopback port, with `args` and, if
+    given, `env`'s GATEWAY_* settings in place of the test process's own; yielded once
+    `ready_path` answers 200 (a start that fails raises with the gateway's stderr), killed at
+    exit. stderr is a pipe: read it after the process ended."""
     port = free_port()
+    child_env = None
+    if env is not None:
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        child_env.update(env)
     gw = subprocess.Popen([sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port",
-                           str(port), "--backend", url_of(up), "--health-interval-s", "0.2",
-                           *flags],
+                           str(port), *args], cwd=REPO, env=child_env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if loopback.get(url + "/ready").status_code == 200:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if loopback.get(url + ready_path, timeout=1).status_code == 200:
                     break
-            except httpx.TransportError:
-                pass
+            if gw.poll() is not None or time.monotonic() > deadline:
+                gw.kill()
+                err = gw.stderr.read() if gw.stderr else ""
+                raise RuntimeError(f"gateway did not get ready: {err[-2000:]}")
             time.sleep(0.05)
         yield gw, url
     finally:
@@ -144,6 +156,13 @@ def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.
             gw.wait()
         assert gw.stderr is not None
         gw.stderr.close()
+
+
+@contextlib.contextmanager
+def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`python -m gateway` in front of `up`, ready (its backend probed up); killed at exit."""
+    with spawned_gateway(["--backend", url_of(up), "--health-interval-s", "0.2", *flags]) as gw:
+        yield gw
 
 
 class BackgroundStream:

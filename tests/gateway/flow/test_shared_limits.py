@@ -7,14 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from pydantic import ValidationError
 
@@ -23,8 +19,7 @@ from gateway.flow.tenants import Tenants
 from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
 from tests import loopback
-from tests.gateway.conftest import UpstreamFactory, url_of, write_keys
-from tests.ports import free_port
+from tests.gateway.conftest import UpstreamFactory, spawned_gateway, url_of, write_keys
 from tests.redisserver import RedisServer, redis_server
 
 REPO = Path(__file__).resolve().parents[3]
@@ -46,37 +41,11 @@ def _keys_file(tmp_path: Path) -> Path:
 @contextlib.contextmanager
 def gateway_process(backend: str, keys: Path, **flow: str) -> Iterator[str]:
     """`python -m gateway` as its own process, configured through GATEWAY_* only."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    env.update(
-        GATEWAY_HOST="127.0.0.1", GATEWAY_PORT=str(port), GATEWAY_BACKENDS=json.dumps([backend]),
-        GATEWAY_API_KEYS_FILE=str(keys), GATEWAY_HEALTH_INTERVAL_S="0.2",
-        GATEWAY_FLOW__SCRAPE_ENGINES="false",
-        **{f"GATEWAY_FLOW__{k.upper()}": v for k, v in flow.items()},
-    )
-    proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if loopback.get(url + "/ready", timeout=1).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"gateway did not get ready: {err[-2000:]}")
-            time.sleep(0.05)
+    env = {"GATEWAY_BACKENDS": json.dumps([backend]), "GATEWAY_API_KEYS_FILE": str(keys),
+           "GATEWAY_HEALTH_INTERVAL_S": "0.2", "GATEWAY_FLOW__SCRAPE_ENGINES": "false",
+           **{f"GATEWAY_FLOW__{k.upper()}": v for k, v in flow.items()}}
+    with spawned_gateway(env=env) as (_, url):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
 
 
 async def _burst(urls: list[str], n: int) -> tuple[list[int], list[int], float]:
