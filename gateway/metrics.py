@@ -18,13 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.loop_metrics import CounterValue, LoopCounter, LoopHistogram
+
+# What the gateway did with a stream broken after its first byte (gateway/api/resume.py).
+ResumeOutcome = Literal["resumed", "failed", "no_replica", "limit", "deadline", "unsupported"]
+RESUME_OUTCOMES: tuple[ResumeOutcome, ...] = get_args(ResumeOutcome)
 
 _TTFT_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
@@ -349,6 +353,10 @@ class GatewayMetrics:
             "unsupported)",
             ["outcome"], registry=r,
         )
+        # Every outcome exported from the start, at 0: a rate or an alert on one sees a series
+        # before the first broken stream, not an absent one.
+        for outcome in RESUME_OUTCOMES:
+            self.stream_resumes.labels(outcome)
         # (backend URL, available for routing, requests in flight)
         self.backends = _Table("backend", [
             ("llmserve_backend_up", "1 if the backend is available for routing"),

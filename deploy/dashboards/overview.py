@@ -144,6 +144,14 @@ def dashboard() -> Dashboard:
                          "or vector(0)", "retries"),
                        q(f'sum by (status) (rate(llmserve_requests_total{{{GW}, status=~"5.."}}'
                          f"[{RATE}])) or vector(0)", "{{status}}")]),
+                Panel("Stream resumes by outcome",
+                      "Streams broken after their first byte (a replica lost, drained or "
+                      "failing mid-answer), with GATEWAY_STREAM_RESUMES > 0: resumed on another "
+                      "replica, token-exact, or why not (failed, no_replica, limit, deadline, "
+                      "unsupported), those ending with an in-band error event. 0 when none.",
+                      "reqps",
+                      [q(f"sum by (outcome) (rate(llmserve_stream_resumes_total{{{NS}}}"
+                         f"[{RATE}])) or vector(0)", "{{outcome}}")]),
                 Panel("Backends",
                       "Backends routable per gateway pod, and backends out of rotation (failed "
                       "probes or ejected after request failures).", "short",

@@ -33,6 +33,7 @@ from gateway.api.resume_splice import ERROR_EVENT, ResumeSplice
 from gateway.api.schemas import ParsedRequest, lax_true
 from gateway.api.sse import DONE_EVENT, EVENT_END, stamp_fingerprint
 from gateway.errors import GatewayError, UpstreamFailed, UpstreamTimeout
+from gateway.metrics import ResumeOutcome
 from gateway.routing.backend import Backend
 from gateway.routing.policy import RouteRequest
 
@@ -261,19 +262,18 @@ async def resume(
 ) -> GatewayError | None:
     """Go on with a stream that broke on `failed` (module docstring): None once the client has
     its whole answer; else the error to end the stream with, as without resuming."""
-    m = d.metrics.stream_resumes
     if plan.why_not is not None or splice is None:
-        m.labels("unsupported").inc()
+        _counted(d, "unsupported")
         return exc
     prompt, gen = splice.token_ids()
     if not prompt:  # an engine that sends no token ids
-        m.labels("unsupported").inc()
+        _counted(d, "unsupported")
         return exc
     stream = _Stream(plan, splice, prompt, gen)
     if splice.usage.counts is not None or _finished(splice.last_chunk):
         # Only the end was lost (usage, [DONE]): say it ourselves.
         await _finish(stream, send)
-        m.labels("resumed").inc()
+        _counted(d, "resumed")
         return None
     loop = asyncio.get_running_loop()
     deadline = ex.started + d.settings.timeouts.total_s
@@ -306,17 +306,22 @@ async def resume(
                 exc = e
             else:
                 d.router.report_success(target)
-                m.labels("resumed").inc()
+                _counted(d, "resumed")
                 return None
             finally:
                 target.outstanding -= 1
-            m.labels("failed").inc()
+            _counted(d, "failed")
     finally:
         failed.outstanding += 1
 
 
-def _give_up(d: ProxyDeps, outcome: str, exc: GatewayError, ex: Exchange) -> GatewayError:
+def _counted(d: ProxyDeps, outcome: ResumeOutcome) -> None:
     d.metrics.stream_resumes.labels(outcome).inc()
+
+
+def _give_up(d: ProxyDeps, outcome: ResumeOutcome, exc: GatewayError,
+             ex: Exchange) -> GatewayError:
+    _counted(d, outcome)
     log.warning("request %s: stream not resumed (%s): %s", ex.rid, outcome, exc.message)
     return exc
 

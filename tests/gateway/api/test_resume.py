@@ -134,6 +134,19 @@ def test_resuming_off_by_default_asks_for_nothing_and_counts_nothing(
     assert len(asked) == 1 and "return_token_ids" not in asked[0]
 
 
+def test_every_resume_outcome_is_exported_at_zero_before_any_break(
+    upstreams: UpstreamFactory
+) -> None:
+    # A dashboard's rate or an alert on an outcome needs its series before the first broken
+    # stream: all six, at 0, on a gateway that has served nothing.
+    with run_gateway(backends=[url_of(upstreams())], stream_resumes=2) as gw:
+        text = loopback.get(gw.url + "/metrics").text
+    lines = {line for line in text.splitlines()
+             if line.startswith("llmserve_stream_resumes_total{")}
+    assert lines == {f'llmserve_stream_resumes_total{{outcome="{o}"}} 0.0' for o in (
+        "resumed", "failed", "no_replica", "limit", "deadline", "unsupported")}
+
+
 def test_a_client_that_asked_for_the_ids_gets_them_across_the_resume(
     upstreams: UpstreamFactory
 ) -> None:
