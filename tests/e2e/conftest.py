@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.stack import LocalStack
 from tests import loopback
-from tests.ports import free_port, free_port_pair
+from tests.ports import free_port, free_port_pair, free_port_run
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +27,8 @@ def stack(s3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         gateway_port=free_port(),
         worker_base_port=base,
         log_dir=logs,
+        # KV cache events on (test_kv_events.py): two ports per worker, no cost to the others.
+        kv_events_base_port=free_port_run(4),
         # Fast probes so the failover test sees ejection and recovery within seconds.
         gateway_args=["--health-interval-s", "0.5", "--eject-for-s", "3",
                       "--timeouts.first-byte-s", "120"],
