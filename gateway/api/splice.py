@@ -67,9 +67,10 @@ class Splice:
 
     Chunks are forwarded as they arrive. Held back are only a trailing partial event, until its end
     arrives, the usage event the client did not ask for (api/sse.py), and, while that event is
-    awaited, a chunk with a terminal event (finish_reason set): vLLM moves `system_fingerprint`
-    from the terminal events to the usage event when usage is asked for, so the gateway puts it
-    back where the client, who did not ask, would have found it (`deferred`).
+    awaited, the terminal events (finish_reason set): vLLM moves `system_fingerprint` from the
+    terminal events to the usage event when usage is asked for, so the gateway puts it back where
+    the client, who did not ask, would have found it (`deferred`). Other events in a chunk with a
+    terminal one go on at once: with n > 1 the other choices' tokens are not held.
 
     `gaps` has one entry per event: the TTFT first, then the gap since the previous chunk (0
     within a chunk). `feed` stops
@@ -120,8 +121,9 @@ class Splice:
             if extra:
                 self.gaps += [0.0] * extra
             if self._stamp and chunk.find(FINISH_KEY) >= 0:
-                self.deferred += chunk  # until the usage event brings the fingerprint
-                return True
+                chunk = self._defer_terminal(chunk)
+                if not chunk:
+                    return True  # terminal events only: held until the usage event
         if chunk.endswith(DONE_EVENT):
             self.saw_done = True
             # Terminal events still deferred (an upstream that sent no usage) go before [DONE].
@@ -159,6 +161,19 @@ class Splice:
             if fingerprint is not None and chunk.find(FINISH_KEY) >= 0:
                 chunk = stamp_fingerprint(chunk, fingerprint)
         return chunk
+
+    def _defer_terminal(self, chunk: bytes) -> bytes:
+        """`chunk` (whole events) without its terminal events, which join `deferred` until the
+        usage event brings the fingerprint. Only those are held: with n > 1 the other choices'
+        events, in this chunk and after it, go on at once, and each choice's events stay in
+        order (its terminal event is its last)."""
+        rest: list[bytes] = []
+        for event in chunk.split(EVENT_END)[:-1]:
+            if event.find(FINISH_KEY) >= 0:
+                self.deferred += event + EVENT_END
+            else:
+                rest.append(event + EVENT_END)
+        return b"".join(rest)
 
     def flush(self) -> bytes:
         """At upstream EOF: the terminal events still deferred and whatever partial event is

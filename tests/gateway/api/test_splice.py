@@ -127,3 +127,94 @@ def test_any_reads_give_the_client_every_event_once_and_a_gap_each(
     # Each chunk's gap runs from the previous chunk's time: together, up to [DONE]'s arrival.
     assert min(s.gaps) >= 0 and sum(s.gaps) == pytest.approx(now)
     assert s.usage.counts == (3, 2)
+
+
+def _choice_event(index: int, text: str, finish: bool = False) -> bytes:
+    reason = b'"stop"' if finish else b"null"
+    return (b'data: {"choices":[{"index":%d,"delta":{"content":"%s"},"finish_reason":%s}]}\n\n'
+            % (index, text.encode(), reason))
+
+
+FP_USAGE = (b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4},'
+            b'"system_fingerprint":"fp-1"}\n\n')
+
+
+def _per_choice(stream: bytes) -> dict[int, list[bytes]]:
+    out: dict[int, list[bytes]] = {}
+    for event in stream.split(b"\n\n"):
+        if event.startswith(b'data: {"choices":[{"index":'):
+            out.setdefault(int(event[27:28]), []).append(event)
+    return out
+
+
+def test_a_finished_choice_holds_only_its_terminal_event_for_the_fingerprint() -> None:
+    # n=2: choice 0 finishes in the read that also brings a token of choice 1. Only the
+    # terminal event waits for the usage event's fingerprint; choice 1's token goes on at once,
+    # so its next token, in a later read, cannot overtake it.
+    w = ClientWriter()
+    s = splice(w)
+    assert s.feed(_choice_event(0, "a") + _choice_event(1, "b"), 0.1)
+    assert s.feed(_choice_event(0, "", finish=True) + _choice_event(1, "c"), 0.2)
+    assert w.written[-1] == _choice_event(1, "c")
+    assert s.feed(_choice_event(1, "d"), 0.3)
+    assert s.feed(_choice_event(1, "", finish=True), 0.4)
+    assert s.feed(FP_USAGE, 0.5) is True
+    assert s.feed(DONE, 0.6) is False
+    client = b"".join(w.written) + s.final
+    stamped = [e + b',"system_fingerprint":"fp-1"}' for e in
+               (_choice_event(0, "", True)[:-3], _choice_event(1, "", True)[:-3])]
+    assert _per_choice(client) == {0: [_choice_event(0, "a")[:-2], stamped[0]],
+                                   1: [_choice_event(1, t)[:-2] for t in "bcd"] + [stamped[1]]}
+    assert client.endswith(DONE) and b'"usage"' not in client
+    assert len(s.gaps) == 7  # one per event as it arrived, [DONE] included (usage stripped)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    choices=st.lists(st.integers(min_value=0, max_value=2), min_size=1, max_size=20),
+    n=st.integers(min_value=1, max_value=3),
+    cuts=st.lists(st.integers(min_value=1, max_value=3), max_size=30),
+)
+def test_any_reads_of_n_choices_keep_each_choices_events_in_order(
+    choices: list[int], n: int, cuts: list[int]
+) -> None:
+    # Token events of n choices interleaved at random, each choice's terminal event right after
+    # its last token (the others go on), then the gateway's usage event with the fingerprint and
+    # [DONE], in reads of one to three whole events (splitting events across reads is the test
+    # above's; the relay defers only whole events).
+    order = [c % n for c in choices]
+    order += [c for c in range(n) if c not in order]
+    last = {c: i for i, c in enumerate(order)}
+    events = []
+    for i, c in enumerate(order):
+        events.append(_choice_event(c, f"t{i}"))
+        if last[c] == i:
+            events.append(_choice_event(c, "", finish=True))
+    stream = [*events, FP_USAGE, DONE]
+    reads, pos = [], 0
+    for k in cuts:
+        reads.append(b"".join(stream[pos:pos + k]))
+        pos += k
+    reads.append(b"".join(stream[pos:]))
+    w = ClientWriter()
+    s = splice(w)
+    for i, read in enumerate(r for r in reads if r):
+        if not s.feed(read, float(i)):
+            break
+    client = b"".join(w.written) + s.final
+    want = _per_choice(b"".join(events))
+    for c in range(n):
+        want[c][-1] = want[c][-1][:-1] + b',"system_fingerprint":"fp-1"}'
+    assert _per_choice(client) == want
+    assert client.endswith(DONE) and client.count(b"\n\n") == len(events) + 1
+
+
+def test_a_terminal_event_and_done_in_one_read_without_usage_end_the_stream() -> None:
+    # An upstream that sent no usage event (it ignored stream_options): [DONE] still ends the
+    # stream, the terminal event before it, unstamped.
+    w = ClientWriter()
+    s = splice(w)
+    assert s.feed(_choice_event(0, "a"), 0.1)
+    assert s.feed(_choice_event(0, "", finish=True) + DONE, 0.2) is False
+    assert s.saw_done and s.final == _choice_event(0, "", finish=True) + DONE
+    assert w.written == [_choice_event(0, "a")] and s.flush() == b""
