@@ -44,10 +44,19 @@ ACCEPTED: dict[str, str] = {
     "trailing-slash": "the 307's Location names the host the client asked (the gateway's)",
     "chat-stream-n2-logprobs": "with n > 1 the events are compared choice by choice: how the "
                                "choices' events interleave depends on timing in vLLM itself, and "
-                               "the gateway holds a finished choice's last chunk until the usage "
-                               "chunk (to put system_fingerprint back on it) while other choices "
-                               "go on; each choice's own events are equal, in order",
+                               "the gateway holds a finished choice's terminal event until the "
+                               "usage chunk (to put system_fingerprint back on it) while other "
+                               "choices go on; each choice's own events are equal, in order. "
+                               "Logprobs are equal to within LOGPROB_NOISE: the engine batches "
+                               "the two choices' decode steps together or apart by timing, and "
+                               "its CPU float32 numerics depend on the batch",
 }
+# Two reads of the same n=2 stream from the engine itself (no gateway: worker 0 against worker 1,
+# sampled tokens equal) differed in a logprob by up to 3.3e-5 in 25 runs (12 of 25 differed at
+# all), always on a step whose batch held one choice or two. A gateway that changed a logprob
+# (rounding it to 4 decimals, say) would differ by more; tokens, text and every other field are
+# still compared exactly.
+LOGPROB_NOISE = 1e-4
 # Response headers clients read; others (date, server, x-request-id the gateway adds) are not
 # part of the answer.
 READ_HEADERS = ("content-type", "allow", "location")
@@ -283,10 +292,30 @@ def accepted(name: str, direct: dict[str, Any], through: dict[str, Any],
     elif name == "chat-stream-n2-logprobs":
         for side in (direct, through):
             side["body"] = {k: fused(v) for k, v in per_choice(side["body"]).items()}
+        through["body"] = within_noise(through["body"], direct["body"])
     elif name == "trailing-slash":
         assert direct["location"] == engine_url + "/v1/chat/completions"
         assert through["location"] == gateway_url + "/v1/chat/completions"
         through["location"] = direct["location"]
+
+
+def within_noise(got: Any, want: Any) -> Any:
+    """`got` with each `logprob` that is within LOGPROB_NOISE of `want`'s, at the same place,
+    replaced by `want`'s; everything else as it was (for the exact comparison after)."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        out = {}
+        for k, v in got.items():
+            w = want.get(k)
+            if (k == "logprob" and isinstance(v, float) and isinstance(w, float)
+                    and abs(v - w) <= LOGPROB_NOISE):
+                out[k] = w
+            else:
+                out[k] = within_noise(v, w)
+        return out
+    if isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)) \
+            and len(got) == len(want):
+        return type(got)(within_noise(g, w) for g, w in zip(got, want, strict=True))
+    return got
 
 
 @pytest.fixture(scope="module")
