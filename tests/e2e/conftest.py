@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devstack.stack import LocalStack
+from devstack.procs import Proc
+from devstack.stack import LocalStack, wait_http_ok
 from tests import loopback
 from tests.ports import free_port, free_port_pair, free_port_run
 
@@ -42,6 +44,25 @@ def stack(s3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         pooling_behind_gateway=False,
     )
     yield from running(s)
+
+
+@pytest.fixture
+def resuming_gateway(stack: LocalStack, tmp_path: Path) -> Iterator[str]:
+    """A gateway process of its own (its URL) in front of the session's workers, with the stack
+    gateway's flags plus streams that survive their replica (`--stream-resumes 2`). Resuming asks
+    the engines for token ids on every stream, a cost the other engine tests need not carry nor
+    depend on, and the stack's gateway keeps the default (off) for them."""
+    port = free_port()
+    argv = [sys.executable, "-m", "gateway", *stack.gateway_flags(), "--port", str(port),
+            "--stream-resumes", "2"]
+    proc = Proc("gateway-resuming", argv, dict(os.environ), tmp_path / "gateway-resuming.log")
+    url = f"http://{stack.host}:{port}"
+    try:
+        wait_http_ok(url + "/ready", 60, [proc])
+        yield url
+    finally:
+        proc.stop()
+        print(f"--- {proc.name} ---\n{proc.tail(20)}")
 
 
 def running(s: LocalStack) -> Iterator[LocalStack]:
