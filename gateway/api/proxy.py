@@ -129,7 +129,8 @@ class ProxyEndpoint:
         d = self._d
         try:
             admitted = await admit(d.flow, d.router, d.wake, d.parent_of, req.model,
-                                   scope.get("state", {}).get("api_key"), scope["headers"])
+                                   scope.get("state", {}).get("api_key"), scope["headers"],
+                                   req.stream)
         except GatewayError as exc:
             d.metrics.requests.labels(req.model, self._endpoint.label, "", str(exc.status)).inc()
             await send_error(send, exc)
@@ -141,7 +142,7 @@ class ProxyEndpoint:
         try:
             await self._forward(scope, req, raw, send, ex, pool, tenant)
         finally:
-            pool.release(tenant.name)
+            pool.release(tenant.name, req.stream)
 
 
 async def _watch_disconnect(receive: Receive, ex: Exchange) -> None:

@@ -67,7 +67,7 @@ class Pick:
         """Give the slot back, and the backend's count of requests in flight."""
         self.backend.outstanding -= 1
         if self.pool is not None and self.tenant is not None:
-            self.pool.release(self.tenant.name)
+            self.pool.release(self.tenant.name, self.stream)
             self.pool = None
 
 
@@ -107,7 +107,8 @@ class Picker:
         except GatewayError as exc:
             raise Refused(exc) from None
         try:
-            admitted = await admit(d.flow, d.router, d.wake, d.parent_of, req.model, key, headers)
+            admitted = await admit(d.flow, d.router, d.wake, d.parent_of, req.model, key, headers,
+                                   req.stream)
         except GatewayError as exc:
             d.metrics.requests.labels(req.model, _label(kind), "", str(exc.status)).inc()
             raise Refused(exc) from None
@@ -121,7 +122,7 @@ class Picker:
                 raise Refused(self._none_left(req.model, subset))
         except BaseException:
             if pool is not None and tenant is not None:
-                pool.release(tenant.name)
+                pool.release(tenant.name, req.stream)
             raise
         return self._picked(backend, req, body, pool, tenant)
 

@@ -42,9 +42,14 @@ from gateway.settings import FlowSettings
 # the estimate rests on a noisy pace, and a refusal now costs milliseconds, a queue timeout
 # the whole timeout for the same 503.
 QUEUE_HEADROOM = 0.5
-# In slow start, a request in flight this many recent first-token times without its own first
-# token shows the engines queueing: the limit has reached their capacity, whatever it says.
+# In slow start, a request in flight this many times the climb's fastest first token without its
+# own shows the engines queueing: the limit has reached their capacity, whatever it says.
 OVERDUE = 1.5
+# ... and never sooner than this share of the engines' part of the TTFT target after its dispatch:
+# a continuously batching engine serves a burst in steps that lengthen with every prompt they take
+# in, so its first tokens come back at two or three times the fastest while it is far from full
+# (half the target is where a late first token ends the climb: limiter.SLOW_START_BELOW).
+OVERDUE_TARGET = 0.5
 # ... and never sooner than this after its dispatch: a first token within milliseconds (a
 # near-free upstream) measures the gateway's own loop, whose least lag would read as an overdue
 # request and refuse a cold burst that healthy engines serve.
@@ -58,9 +63,9 @@ PROMISE = 1.5
 class Pool:
     """One model's backends as admission sees them: limit, in-flight count, queue, pace."""
 
-    __slots__ = ("_clock", "_metrics", "_overflows", "_pending", "_promised", "_queue_time",
-                 "_settings", "_watch", "_weights", "by_tenant", "in_flight", "limiter", "name",
-                 "pace", "queue")
+    __slots__ = ("_answered", "_clock", "_metrics", "_overflows", "_pending", "_promised",
+                 "_queue_time", "_settings", "_watch", "_weights", "by_tenant", "in_flight",
+                 "limiter", "name", "pace", "queue")
 
     def __init__(
         self, name: str, settings: FlowSettings, metrics: GatewayMetrics,
@@ -80,9 +85,14 @@ class Pool:
         self.queue = FairQueue(settings.max_queue)
         self.pace = Pace(clock)
         self.in_flight = 0
-        # In slow start: dispatch times of the requests in flight without a first token yet,
-        # oldest first (see `climbing`).
-        self._pending: deque[float] = deque()
+        # In slow start: the requests in flight without a first token yet (a whole answer: not
+        # ended yet), oldest first (see `_climbing`): when each was sent, whether it was sent
+        # alone (no other pending then: prefilled alone, its time is no pace for a burst's), and
+        # whether it streams (only a stream shows its first token).
+        self._pending: deque[tuple[float, bool, bool]] = deque()
+        # ... and when the latest-sent stream with a first token was sent (a whole answer shows
+        # only its end: a short one sent with a long one comes back first).
+        self._answered = float("-inf")
         # Requests queued on slow start's promise, and the timer that refuses them as soon as
         # the promise is seen broken (`_check_promises`).
         self._promised: list[Waiter] = []
@@ -93,22 +103,25 @@ class Pool:
 
     # -- per request -----------------------------------------------------------------------------
 
-    def try_acquire(self, tenant: str = ANONYMOUS, weight: float = 1.0) -> bool:
-        """The fast path: a free slot and nobody waiting for it."""
+    def try_acquire(self, tenant: str = ANONYMOUS, weight: float = 1.0,
+                    stream: bool = True) -> bool:
+        """The fast path: a free slot and nobody waiting for it. `stream`: the request streams
+        its answer (its first token will be sampled), else it is a whole answer."""
         if not self.in_flight:
             self.limiter.on_idle()  # the first request after a pause: slow start resumes
         if self.in_flight < self.limiter.limit and not self.queue._size:
-            self._take(tenant, weight)
+            self._take(tenant, weight, stream)
             self._queue_time.observe(0.0)
             return True
         return False
 
-    def _take(self, tenant: str, weight: float) -> None:
+    def _take(self, tenant: str, weight: float, stream: bool) -> None:
         now = self._clock()
         self.pace.took(self.in_flight, now)
         self.in_flight += 1
         if self.limiter.slow_start:
-            self._pending.append(now)
+            pending = self._pending
+            pending.append((now, not pending, stream))
         bt = self.by_tenant
         n = bt.get(tenant)
         if n is None:
@@ -132,12 +145,12 @@ class Pool:
         total = tenant.weight + sum(self._weights[t] for t in others)
         return mine + 1 <= self.limiter.limit * tenant.weight / total
 
-    async def acquire(self, tenant: Tenant, cls: int) -> None:
+    async def acquire(self, tenant: Tenant, cls: int, stream: bool = True) -> None:
         """Wait for a slot; raises `Unavailable` (503 with Retry-After) when refused."""
-        if self.try_acquire(tenant.name, tenant.weight):
+        if self.try_acquire(tenant.name, tenant.weight, stream):
             return
         if self.under_share(tenant):
-            self._take(tenant.name, tenant.weight)
+            self._take(tenant.name, tenant.weight, stream)
             self._queue_time.observe(0.0)
             return
         s = self._settings
@@ -158,7 +171,7 @@ class Pool:
             raise self._refuse("queue_wait", ahead)
         loop = asyncio.get_running_loop()
         now = self._clock()
-        w = Waiter(loop.create_future(), tenant.name, cls, tenant.weight, now)
+        w = Waiter(loop.create_future(), tenant.name, cls, tenant.weight, now, stream=stream)
         try:
             evicted = self.queue.push(w)
         except QueueFull:
@@ -183,11 +196,11 @@ class Pool:
                     # shows them full (a burst's first tokens may all come after the deadline).
                     self._queue_time.observe(self._clock() - now)
                     raise self._refuse("queue_timeout", len(self.queue))
-                self._take(tenant.name, tenant.weight)
+                self._take(tenant.name, tenant.weight, stream)
                 self._overflows.inc()
         except asyncio.CancelledError:
             if self._granted(w):
-                self.release(tenant.name)
+                self.release(tenant.name, stream)
             else:
                 self.queue.remove(w)
             raise
@@ -200,14 +213,21 @@ class Pool:
         if not self.limiter.slow_start:
             return False
         first = self.limiter.first_token_s
-        pending = self._pending
-        return first <= 0.0 or not pending or self._clock() - pending[0] <= self._overdue_s(first)
+        oldest = self._oldest_stream()
+        return first <= 0.0 or oldest is None or not self._overdue(oldest, first)
 
-    @staticmethod
-    def _overdue_s(first: float) -> float:
-        """How long a request may be in flight without a first token before it shows the engines
-        queueing, given the climb's fastest first token."""
-        return max(OVERDUE * first, MIN_OVERDUE_S)
+    def _overdue(self, sent: float, first: float) -> bool:
+        return self._clock() >= self._overdue_at(sent, first)
+
+    def _overdue_at(self, sent: float, first: float) -> float:
+        """When a request in flight since `sent` without a first token shows the engines
+        queueing, given the climb's fastest first token: OVERDUE of those after it was sent if a
+        request sent no later has its first token (the engines took that one and not this one),
+        else at OVERDUE_TARGET of the target."""
+        late = sent + OVERDUE_TARGET * self.limiter.target_s
+        if sent <= self._answered:
+            return min(late, sent + max(OVERDUE * first, MIN_OVERDUE_S))
+        return late
 
     def _check_promises(self) -> None:
         """Refuse the requests queued on slow start's promise as soon as it is broken (slow start
@@ -221,11 +241,11 @@ class Pool:
         if not waiting:
             return
         first = self.limiter.first_token_s
-        pending = self._pending
         if self.limiter.slow_start:
-            if first <= 0.0 or not pending:
+            oldest = self._oldest_stream()
+            if first <= 0.0 or oldest is None:
                 return  # nothing to judge yet: the next first token looks again
-            wait = pending[0] + self._overdue_s(first) - self._clock()
+            wait = self._overdue_at(oldest, first) - self._clock()
             if wait > 1e-6:
                 self._watch = asyncio.get_running_loop().call_later(wait, self._check_promises)
                 return
@@ -235,13 +255,20 @@ class Pool:
             self._queue_time.observe(self._clock() - w.enqueued)
             w.future.set_exception(self._refuse("queue_timeout", len(self.queue)))
 
-    def release(self, tenant: str = ANONYMOUS) -> None:
+    def release(self, tenant: str = ANONYMOUS, stream: bool = True) -> None:
+        """A request admitted with `stream` ended (answered, failed or abandoned)."""
         now = self._clock()
         self.pace.released(self.in_flight, now)
         self.in_flight -= 1
         pending = self._pending
-        if len(pending) > self.in_flight:  # one ended without a first token (error, abort)
-            pending.popleft()
+        if len(pending) > self.in_flight:  # it ended without a sample (an error, a hang-up)
+            # Which one is not known: take the newest of its kind. An engine's error comes back
+            # within milliseconds, while the older ones still wait; and the oldest may be the
+            # one sent alone, whose flag must stay with the sample it will give.
+            for i in range(len(pending) - 1, -1, -1):
+                if pending[i][2] is stream:
+                    del pending[i]
+                    break
         n = self.by_tenant[tenant] - 1
         if n:
             self.by_tenant[tenant] = n
@@ -254,20 +281,41 @@ class Pool:
     def sample(self, ttft_s: float, dispatched_at: float) -> None:
         """A streamed request's upstream TTFT."""
         before = self.limiter.limit
-        self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight)
-        self._sampled(before)
+        self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight, paced=self._paced(True))
+        self._answered = max(self._answered, dispatched_at)
+        self._sampled(before, True)
 
     def sample_whole(self, latency_s: float, tokens: int, dispatched_at: float) -> None:
         """A whole (non-streamed) answer's upstream latency and its generated tokens."""
         before = self.limiter.limit
-        self.limiter.on_whole_sample(latency_s, tokens, dispatched_at, self.in_flight)
-        self._sampled(before)
+        self.limiter.on_whole_sample(latency_s, tokens, dispatched_at, self.in_flight,
+                                     paced=self._paced(False))
+        self._sampled(before, False)
 
-    def _sampled(self, before: int) -> None:
+    def _oldest(self, stream: bool) -> tuple[float, bool, bool] | None:
+        """The oldest pending request of that kind: first tokens come back about in dispatch
+        order, so a sample is the oldest stream's (a whole answer's, the oldest whole one's)."""
+        for entry in self._pending:
+            if entry[2] is stream:
+                return entry
+        return None
+
+    def _oldest_stream(self) -> float | None:
+        entry = self._oldest(True)
+        return None if entry is None else entry[0]
+
+    def _paced(self, stream: bool) -> bool:
+        """The sample's request was sent while others were pending (see `_pending`)."""
+        entry = self._oldest(stream)
+        return entry is None or not entry[1]
+
+    def _sampled(self, before: int, stream: bool) -> None:
         pending = self._pending
         if pending:
             if self.limiter.slow_start:
-                pending.popleft()  # first tokens come back about in dispatch order
+                entry = self._oldest(stream)
+                if entry is not None:
+                    pending.remove(entry)
             else:
                 pending.clear()
         if self._promised:
@@ -292,7 +340,7 @@ class Pool:
                 return
             if w.future.done():  # cancelled in the same instant: not a taker
                 continue
-            self._take(w.tenant, w.weight)
+            self._take(w.tenant, w.weight, w.stream)
             w.future.set_result(None)
 
     @staticmethod

@@ -20,11 +20,12 @@ from gateway.routing.wake import WakeGate
 async def admit(
     flow: Admission | None, router: Router, wake: WakeGate | None,
     parent_of: Callable[[str], str | None], model: str, key: ApiKey | None,
-    headers: list[tuple[bytes, bytes]],
+    headers: list[tuple[bytes, bytes]], stream: bool = True,
 ) -> tuple[Pool, Tenant] | None:
     """Admit one request for `model`: its pool and tenant, holding a slot (the caller releases it
     with `pool.release(tenant.name)`), or None when admission does not apply (off, or a model no
     replica serves: made-up names must not create pools; the caller answers 404 or 503).
+    `stream`: the request asks for a streamed answer (flow control watches its first token).
 
     Raises GatewayError (429 per-key limit, 503 overload with Retry-After, 503 wake timeout), with
     the key's charge refunded."""
@@ -43,8 +44,8 @@ async def admit(
         # before taking a slot, then go through the door like any request.
         if wake is not None and wake.asleep(name):
             await wake.wait(name, model)
-        if charged and not pool.try_acquire(tenant.name, tenant.weight):
-            await pool.acquire(tenant, tenant.priority_class(headers))
+        if charged and not pool.try_acquire(tenant.name, tenant.weight, stream):
+            await pool.acquire(tenant, tenant.priority_class(headers), stream)
     except GatewayError:
         if charged:
             tenant.refund()

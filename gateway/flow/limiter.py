@@ -92,10 +92,13 @@ class AimdLimiter:
         return self._first_token if self.slow_start else 0.0
 
     def on_sample(self, latency_s: float, dispatched_at: float, in_flight: int, *,
-                  turnover_s: float | None = None) -> None:
+                  turnover_s: float | None = None, paced: bool = True) -> None:
         """One request's upstream TTFT; `in_flight` counts admitted requests at that moment
         (itself included); `turnover_s` is the time a whole answer took to come back (it is
-        judged on another scale, `latency_s`, and may only grow the limit)."""
+        judged on another scale, `latency_s`, and may only grow the limit). `paced`: the
+        request shared the engines' prefill with others, so its time may set the climb's pace
+        (`first_token_s`); a request sent while no other awaited its first token was prefilled
+        alone, faster than any of a burst's can be."""
         late = latency_s >= SLOW_START_BELOW * self.target_s
         if late and (turnover_s is not None or in_flight < QUEUEING):
             return  # no evidence of full engines: a whole answer, or a request alone
@@ -107,7 +110,7 @@ class AimdLimiter:
                 if self._first_token > 0.0 and latency_s <= self.target_s:  # a miss cuts below
                     self._set(max(min(self._base, self._limit), self._limit * min(
                         1.0, max(GRADIENT_FLOOR, GRADIENT_TOLERANCE * self._first_token / took))))
-            elif self._first_token <= 0.0 or took < self._first_token:
+            elif paced and (self._first_token <= 0.0 or took < self._first_token):
                 self._first_token = took
         if latency_s > self.target_s:
             if dispatched_at >= self._last_cut:
@@ -123,9 +126,11 @@ class AimdLimiter:
             self._set(self._limit + max(1.0 / self._limit, GROWTH * room))
 
     def on_whole_sample(
-        self, latency_s: float, tokens: int, dispatched_at: float, in_flight: int
+        self, latency_s: float, tokens: int, dispatched_at: float, in_flight: int, *,
+        paced: bool = True,
     ) -> None:
-        """One whole answer: `latency_s` from dispatch to its last byte, `tokens` generated."""
+        """One whole answer: `latency_s` from dispatch to its last byte, `tokens` generated
+        (`paced` as for `on_sample`)."""
         per_token = latency_s / (tokens + 1)  # +1: the prefill, however short the answer
         best = self._best_per_token
         if best <= 0.0 or per_token < best:
@@ -138,7 +143,7 @@ class AimdLimiter:
         ratio = max(1.0, per_token / max(best, MIN_BEST_PER_TOKEN_S))
         # Mapped onto the streamed scale: the best is no latency, WHOLE_TOLERANCE x is the target.
         self.on_sample(self.target_s * (ratio - 1.0) / (WHOLE_TOLERANCE - 1.0), dispatched_at,
-                       in_flight, turnover_s=latency_s)
+                       in_flight, turnover_s=latency_s, paced=paced)
 
     def on_idle(self) -> None:
         """The pool emptied and a request comes: slow start resumes from the limit it has (idle

@@ -26,6 +26,7 @@ class Waiter:
     weight: float
     enqueued: float
     live: bool = True
+    stream: bool = True  # its answer streams (admission.Pool's slow start watches first tokens)
 
 
 @dataclass(slots=True)

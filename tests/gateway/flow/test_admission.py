@@ -250,12 +250,16 @@ async def test_slots_the_limit_grows_go_to_the_queue_at_once() -> None:
 
 def grown_pool(clock: FakeClock, in_flight: int) -> Pool:
     """A pool whose limit climbed from 2 to 32 in slow start (two slots per first token while it
-    binds), left with `in_flight` of its 15 requests still in flight."""
+    binds; each request sent while the one before awaited its first token, so the climb has a
+    pace), left with `in_flight` of its 15 requests still in flight."""
     adm, _ = admission(clock, initial_limit=2, max_limit=64)
     pool = adm.pool("demo")
-    for _ in range(15):
+    assert pool.try_acquire()
+    for _ in range(14):
         assert pool.try_acquire()
         pool.sample(0.05, clock())
+    pool.sample(0.05, clock())
+    assert pool.limiter.first_token_s == 0.05
     for _ in range(15 - in_flight):
         pool.release()
     assert pool.limiter.limit == 32 and pool.in_flight == in_flight
@@ -363,16 +367,22 @@ def test_first_tokens_within_a_millisecond_do_not_make_the_gateways_lag_overdue(
 
     async def scenario() -> tuple[object, float, float]:
         loop = asyncio.get_running_loop()
+        # A target so short that a quarter of the engines' share (37.5 ms) is under 50 ms too.
         adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
-                                     ttft_target_s=4.0, queue_timeout_s=1.0, max_queue=100),
+                                     ttft_target_s=0.25, queue_timeout_s=0.1, max_queue=100),
                         GatewayMetrics(), loop.time)
         pool = adm.pool("demo")
         sent = loop.time()
         for _ in range(4):
             assert pool.try_acquire()
         await asyncio.sleep(0.001)
-        pool.sample(0.001, sent)  # the fastest first token: 1 ms; two slots more
-        assert pool.try_acquire() and pool.try_acquire()
+        # The first two first tokens, in 1 ms; four slots more. (The first is the one sent
+        # first, when none awaited a first token: prefilled alone, it sets no pace.)
+        pool.sample(0.001, sent)
+        pool.sample(0.001, sent)
+        assert pool.limiter.first_token_s == 0.001
+        for _ in range(4):
+            assert pool.try_acquire()
         await asyncio.sleep(0.02)  # the others sent with it are 20x that late: the gateway's lag
         queued_at = loop.time() - sent
         result = await asyncio.gather(pool.acquire(adm.tenants.for_key(None), 1),
@@ -388,14 +398,15 @@ def test_first_tokens_within_a_millisecond_do_not_make_the_gateways_lag_overdue(
 def test_slow_starts_promise_is_refused_once_broken_not_at_the_deadline() -> None:
     # Queued on the climb's promise, but the requests sent with the first one never answer: the
     # engines are full, and sent above the limit a request would wait inside them past the
-    # target. Refused when the oldest is overdue (1.5 x the first token), well before the 1 s
-    # deadline. On virtual time: the pool's clock is the loop's.
+    # target. Refused when the oldest is overdue (1.5 x the first token; a quarter of the
+    # engines' 200 ms share of the target is sooner), before the 100 ms deadline. On
+    # virtual time: the pool's clock is the loop's.
 
     async def scenario() -> tuple[list[object], float, Admission, GatewayMetrics]:
         loop = asyncio.get_running_loop()
         m = GatewayMetrics()
         adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
-                                     ttft_target_s=2.0, queue_timeout_s=1.0, max_queue=100),
+                                     ttft_target_s=0.3, queue_timeout_s=0.1, max_queue=100),
                         m, loop.time)
         pool = adm.pool("demo")
         t = adm.tenants.for_key(None)
@@ -405,17 +416,20 @@ def test_slow_starts_promise_is_refused_once_broken_not_at_the_deadline() -> Non
         queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(6)]
         await asyncio.sleep(0.05)
         assert len(pool.queue) == 6
-        pool.sample(0.05, sent)  # one first token, fast: two slots for the queue
+        # Two first tokens, fast: four slots for the queue. The first, from the request sent
+        # first (prefilled alone), sets no pace; the second does.
+        pool.sample(0.05, sent)
+        pool.sample(0.05, sent)
         results = await asyncio.gather(*queued, return_exceptions=True)
         return results, loop.time() - sent, adm, m
 
     results, took, adm, m = run_virtual(scenario)
     refused = [r for r in results if isinstance(r, Unavailable)]
-    assert len(refused) == 4 and all(r.retry_after for r in refused)
-    assert took == pytest.approx(0.075)  # the other three sent at once are overdue then
+    assert len(refused) == 2 and all(r.retry_after for r in refused)
+    assert took == pytest.approx(0.075)  # the other two sent at once are overdue then
     pool = adm.pool("demo")
-    assert pool.in_flight == 6 and len(pool.queue) == 0
-    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_timeout") == 4
+    assert pool.in_flight == 8 and len(pool.queue) == 0
+    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_timeout") == 2
     assert sample(m, "llmserve_queue_overflows_total", pool="demo") == 0
 
 
@@ -459,3 +473,70 @@ def test_the_ceiling_is_max_limit_per_available_replica() -> None:
     adm.set_replicas({"demo": 2})
     assert (early.limiter.ceiling, early.limiter.limit) == (16, 16)
     assert ("demo", 0, 16, 16, early.in_flight) in list(adm.view())
+
+
+def test_a_request_sent_alone_sets_no_pace() -> None:
+    # The first of a burst whose connections arrive one by one is prefilled alone: its first
+    # token (70 ms on vLLM-CPU) is no pace for the rest, which share the engine's next steps.
+    clock = FakeClock()
+    adm, _ = admission(clock, initial_limit=4, max_limit=64)
+    pool = adm.pool("demo")
+    assert pool.try_acquire()  # nothing pending: sent alone
+    clock.advance(0.01)
+    assert pool.try_acquire() and pool.try_acquire()  # sent while the first awaits its token
+    clock.advance(0.06)
+    pool.sample(0.07, 0.0)
+    assert pool.limiter.first_token_s == 0.0 and pool.limiter.limit == 6  # it still grows
+    clock.advance(0.2)
+    pool.sample(0.26, 0.01)
+    assert pool.limiter.first_token_s == 0.26
+
+
+def test_a_burst_served_in_lengthening_steps_keeps_its_promise() -> None:
+    # A burst reaches the gateway one connection at a time; the engine takes each newcomer in at
+    # its next step, so first tokens come back in dispatch order at two, three times the
+    # fastest. No request is overtaken by a later one: none is overdue before half the
+    # engines' share of the target (1.5 s here), and those queued on the climb's promise are
+    # sent at their deadline, not refused.
+
+    async def scenario() -> tuple[list[object], float]:
+        loop = asyncio.get_running_loop()
+        m = GatewayMetrics()
+        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
+                                     ttft_target_s=4.0, queue_timeout_s=1.0, max_queue=100),
+                        m, loop.time)
+        pool, t = adm.pool("demo"), adm.tenants.for_key(None)
+        for _ in range(4):
+            assert pool.try_acquire()
+            await asyncio.sleep(0.01)
+        queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(6)]
+        await asyncio.sleep(0.03)  # t = 0.07: the first one's first token (sent alone)
+        pool.sample(0.07, 0.0)
+        await asyncio.sleep(0.43)  # t = 0.5: the second's, sent at 0.01; the pace now
+        pool.sample(0.49, 0.01)
+        results = await asyncio.gather(*queued, return_exceptions=True)
+        overflows = m.registry.get_sample_value("llmserve_queue_overflows_total",
+                                                {"pool": "demo"})
+        return results, overflows or 0.0
+
+    results, overflows = run_virtual(scenario)
+    assert not [r for r in results if isinstance(r, BaseException)]
+    assert overflows == 2  # the two without a slot from the climb, sent at their deadline
+
+
+def test_a_request_ending_without_a_sample_leaves_its_kind() -> None:
+    # A whole answer that fails is no stream: the streams' dispatch times stay for the overdue
+    # check, and the oldest stream keeps its "sent alone" flag for its own first token.
+    clock = FakeClock()
+    adm, _ = admission(clock, initial_limit=8, max_limit=64)
+    pool = adm.pool("demo")
+    assert pool.try_acquire(stream=True)
+    clock.advance(0.01)
+    assert pool.try_acquire(stream=False)
+    assert pool.try_acquire(stream=True)
+    pool.release(stream=False)  # the whole answer: a 400 from the engine
+    clock.advance(0.05)
+    pool.sample(0.06, 0.0)  # the first stream: sent alone, no pace
+    assert pool.limiter.first_token_s == 0.0
+    pool.sample(0.05, 0.01)
+    assert pool.limiter.first_token_s == 0.05

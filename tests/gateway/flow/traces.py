@@ -198,9 +198,9 @@ class _Side:
         if pool is not None:
             assert self.admission is not None
             tenant = self.admission.tenants.for_key(None)
-            if not pool.try_acquire(tenant.name, tenant.weight):
+            if not pool.try_acquire(tenant.name, tenant.weight, r.stream):
                 try:
-                    await pool.acquire(tenant, 1)
+                    await pool.acquire(tenant, 1, r.stream)
                 except Unavailable as exc:
                     out.status, out.retry_after, out.message = 503, exc.retry_after, exc.message
                     out.done_s = loop.time() - out.sent
@@ -227,7 +227,7 @@ class _Side:
             if seq is not None:
                 seq.gone = True
             if pool is not None:
-                pool.release()
+                pool.release(stream=r.stream)
 
 
 def replay(phases: list[Phase], engine: BatchEngine, flow: FlowSettings | None,
