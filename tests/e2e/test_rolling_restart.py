@@ -44,9 +44,8 @@ class Load:
 
     url: str
     body: dict[str, object]
-    # The text every stream must come out as (temperature 0), or None: any whole stream.
-    expect: str | None = None
     outcomes: Counter[str] = field(default_factory=Counter)
+    texts: list[str] = field(default_factory=list)  # of the streams that came out whole
     details: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -87,9 +86,8 @@ class Load:
             return
         events = [e for e in text.split("\n\n") if e.strip()]
         if events and events[-1] == "data: [DONE]":
-            if self.expect is not None and completion_text(text) != self.expect:
-                self.record("wrong_text", completion_text(text)[-300:])
-                return
+            with self.lock:
+                self.texts.append(completion_text(text))
             self.record("ok")
         elif events and events[-1].startswith('data: {"error"'):
             self.record("cut_in_band", events[-1][:300])
@@ -137,8 +135,7 @@ def test_rolling_restart_under_streamed_load_fails_no_request(
         "ignore_eos": True})
     long_body = {"model": model_name, "prompt": "A long story about a lighthouse keeper:",
                  "max_tokens": LONG_TOKENS, "stream": True, "ignore_eos": True, "temperature": 0}
-    reference = completion_text(loopback.post(long_url, json=long_body, timeout=300).text)
-    long = Load(long_url, long_body, expect=reference)
+    long = Load(long_url, long_body)
     resumed0 = scrape(resuming_gateway).get('llmserve_stream_resumes_total{outcome="resumed"}', 0)
     threads = [threading.Thread(target=load.client, daemon=True) for _ in range(CLIENTS)]
     for t in threads:
@@ -199,7 +196,9 @@ def test_rolling_restart_under_streamed_load_fails_no_request(
     assert load.outcomes["cut_silent"] == 0, load.details
     assert load.outcomes["cut_in_band"] == 0, load.details
     assert load.outcomes["ok"] > 0
-    # The long streams: none cut, each the uninterrupted run's text; each drain's deadline cut
-    # the one on its replica mid-stream, and it went on from the other replica.
+    # The long streams: none cut; each drain's deadline cut the one on its replica mid-stream,
+    # and it went on from the other replica, token-exact: at temperature 0 every text equals
+    # the others', among them the one each drain left on the surviving replica, uninterrupted.
     assert long.outcomes == {"ok": LONG_PER_DRAIN * len(drained)}, (long.outcomes, long.details)
-    assert resumed >= 1, (resumed, long.outcomes)
+    assert 1 <= resumed < len(long.texts), (resumed, long.outcomes)  # one or more uncut
+    assert len(set(long.texts)) == 1 and len(long.texts[0]) > LONG_TOKENS // 2, long.texts
