@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,6 +16,9 @@ from devstack.procs import Proc
 from devstack.stack import LocalStack, wait_http_ok
 from tests import loopback
 from tests.ports import free_port, free_port_pair, free_port_run
+
+if TYPE_CHECKING:
+    from tests.e2e.kv_watch import KvWatch
 
 
 @pytest.fixture(scope="session")
@@ -82,6 +86,17 @@ def running(s: LocalStack) -> Iterator[LocalStack]:
         raise
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def kv_watch(stack: LocalStack) -> Iterator[KvWatch]:
+    """The stack's KV events and index resets, from the first test that asks on (kv_watch.py)."""
+    from tests.e2e.kv_watch import KvWatch  # pyzmq and msgspec only for the tests that use it
+
+    w = KvWatch(stack.worker_urls, stack.kv_endpoints())
+    w.start()
+    yield w
+    w.stop()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,9 @@
 what the gateway computes for a prompt is what the engine that served it says it cached.
 
 It needs both workers up: it runs before test_zz_replica_failure.py, which kills worker 1 for the
-rest of the session (after that, worker 1's publisher is gone and its index stays stale)."""
+rest of the session (after that, worker 1's publisher is gone and its index stays stale). It
+also starts the session's KvWatch, which test_zy_kv_restart.py reads after test_rolling_restart.py.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ async def until(predicate: Callable[[], bool], what: str, timeout_s: float = 20.
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.usefixtures("kv_watch")
 async def test_the_engines_events_build_the_index_the_gateway_scores_on(
         stack: LocalStack, model_name: str) -> None:
     settings = KvSettings(endpoints=stack.kv_endpoints())
@@ -80,6 +83,13 @@ async def test_the_engines_events_build_the_index_the_gateway_scores_on(
             assert r.status_code == 200, r.text
         await until(lambda: late_idx.matched(hashes) == len(hashes),
                     "the late subscriber replayed the blocks stored before it joined")
+        # Worker 1 holds blocks too, for test_zy_kv_restart.py: its restart must drop them.
+        async with loopback.async_client(timeout=120) as c:
+            r = await c.post(stack.worker_urls[1] + "/v1/completions", json={
+                "model": model_name, "prompt": f"[{uuid.uuid4()}] " + "Good morning. " * 90,
+                "max_tokens": 2})
+            assert r.status_code == 200, r.text
+        await until(lambda: len(idx[1].blocks) > 0, "worker 1's first BlockStored")
     finally:
         await events.close()
         if late is not None:
