@@ -59,7 +59,11 @@ def tp3_worker(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
             "--tensor-parallel-size", str(layout.tp), "--pipeline-parallel-size", str(layout.pp),
             "--cpu-kvcache-space-gib", "1",
             # Three ranks on two cores: oversubscribed, correct but slow (correctness only).
-            "--cpu-threads-bind", "0|1|1", "--drain-timeout-s", "5", "--nice", "10"]
+            "--cpu-threads-bind", "0|1|1", "--drain-timeout-s", "5", "--nice", "10",
+            # Eager: the layout (heads and KV heads split over three ranks, the cache they
+            # hold) is what is tested, not the speed; skipping torch.compile's warm-up on three
+            # ranks cuts this engine's start (docs/benchmarks.md, the engine pass).
+            "--extra-args=--enforce-eager"]
     proc = Proc("worker-tp3", argv, dict(os.environ),
                 tmp_path_factory.mktemp("tp3") / "worker.log")
     url = f"http://127.0.0.1:{port}"
