@@ -61,8 +61,8 @@ def tp3_worker(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
             # Three ranks on two cores: oversubscribed, correct but slow (correctness only).
             "--cpu-threads-bind", "0|1|1", "--drain-timeout-s", "5", "--nice", "10",
             # Eager: the layout (heads and KV heads split over three ranks, the cache they
-            # hold) is what is tested, not the speed; skipping torch.compile's warm-up on three
-            # ranks cuts this engine's start (docs/benchmarks.md, the engine pass).
+            # hold) is what is tested, not the speed; torch.compile's warm-up on three ranks was
+            # most of this engine's start (docs/benchmarks.md, Local stack).
             "--extra-args=--enforce-eager"]
     proc = Proc("worker-tp3", argv, dict(os.environ),
                 tmp_path_factory.mktemp("tp3") / "worker.log")
