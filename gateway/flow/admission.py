@@ -64,8 +64,8 @@ class Pool:
     """One model's backends as admission sees them: limit, in-flight count, queue, pace."""
 
     __slots__ = ("_answered", "_clock", "_metrics", "_overflows", "_pending", "_promised",
-                 "_queue_time", "_settings", "_watch", "_weights", "by_tenant", "in_flight",
-                 "limiter", "name", "pace", "queue")
+                 "_queue_time", "_replicas", "_settings", "_watch", "_weights", "by_tenant",
+                 "in_flight", "limiter", "name", "pace", "queue")
 
     def __init__(
         self, name: str, settings: FlowSettings, metrics: GatewayMetrics,
@@ -93,6 +93,7 @@ class Pool:
         # ... and when the latest-sent stream with a first token was sent (a whole answer shows
         # only its end: a short one sent with a long one comes back first).
         self._answered = float("-inf")
+        self._replicas = 0  # available, as last told (set_replicas)
         # Requests queued on slow start's promise, and the timer that refuses them as soon as
         # the promise is seen broken (`_check_promises`).
         self._promised: list[Waiter] = []
@@ -222,10 +223,12 @@ class Pool:
     def _overdue_at(self, sent: float, first: float) -> float:
         """When a request in flight since `sent` without a first token shows the engines
         queueing, given the climb's fastest first token: OVERDUE of those after it was sent if a
-        request sent no later has its first token (the engines took that one and not this one),
-        else at OVERDUE_TARGET of the target."""
+        request sent no later has its first token (the engine took that one and not this one;
+        one replica only), else at OVERDUE_TARGET of the target."""
         late = sent + OVERDUE_TARGET * self.limiter.target_s
-        if sent <= self._answered:
+        # Overtaken only shows in one engine's queue: across replicas, a request sent later may
+        # have gone to a less busy one.
+        if sent <= self._answered and self._replicas <= 1:
             return min(late, sent + max(OVERDUE * first, MIN_OVERDUE_S))
         return late
 
@@ -327,6 +330,7 @@ class Pool:
         """The model's available replicas: the limit's ceiling is `max_limit` per replica, so a
         fleet is never capped at one engine's worth. None available says nothing about the
         capacity that comes back: the ceiling stays."""
+        self._replicas = replicas
         if replicas > 0:
             self.limiter.set_ceiling(self._settings.max_limit * replicas)
 

@@ -540,3 +540,31 @@ def test_a_request_ending_without_a_sample_leaves_its_kind() -> None:
     assert pool.limiter.first_token_s == 0.0
     pool.sample(0.05, 0.01)
     assert pool.limiter.first_token_s == 0.05
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_overtaken_is_evidence_only_within_one_engine(replicas: int) -> None:
+    # The second stream sent comes back before the first one sent with company: in one engine's
+    # queue the engine took the later one and not the earlier (full: the promise is broken at
+    # 1.5x the pace); across two replicas the later one may just have gone to the less busy
+    # replica, and only half the engines' share of the target (1.5 s here) shows them full.
+
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
+                                     ttft_target_s=4.0, queue_timeout_s=1.0, max_queue=100),
+                        GatewayMetrics(), loop.time)
+        adm.set_replicas({"demo": replicas})
+        pool, t = adm.pool("demo"), adm.tenants.for_key(None)
+        for _ in range(4):  # sent at 0, 10, 20 and 30 ms
+            assert pool.try_acquire()
+            await asyncio.sleep(0.01)
+        queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(6)]
+        await asyncio.sleep(0.03)
+        pool.sample(0.07, 0.0)  # t = 0.07: the one sent alone
+        await asyncio.sleep(0.13)
+        pool.sample(0.18, 0.02)  # t = 0.2: the third one sent, before the second
+        return await asyncio.gather(*queued, return_exceptions=True)
+
+    refused = [r for r in run_virtual(scenario) if isinstance(r, Unavailable)]
+    assert len(refused) == (2 if replicas == 1 else 0)
