@@ -37,7 +37,7 @@ class Back:
     """A replica's /health answering 200 again after it was down: it may be routed to now."""
 
     at: float
-    generation_down: int  # the index's generation (one more per reset) when it went down
+    generation_down: int  # the index's generation (one more per reset) when its port closed
     generation: int  # and when it answered again
     blocks: frozenset[Hash]  # the blocks the index held then
 
