@@ -284,20 +284,24 @@ class Pool:
     def sample(self, ttft_s: float, dispatched_at: float) -> None:
         """A streamed request's upstream TTFT."""
         before = self.limiter.limit
-        self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight, paced=self._paced(True))
+        entry = self._oldest(True)
+        self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight,
+                               paced=entry is None or not entry[1])
         self._answered = max(self._answered, dispatched_at)
-        self._sampled(before, True)
+        self._sampled(before, entry)
 
     def sample_whole(self, latency_s: float, tokens: int, dispatched_at: float) -> None:
         """A whole (non-streamed) answer's upstream latency and its generated tokens."""
         before = self.limiter.limit
+        entry = self._oldest(False)
         self.limiter.on_whole_sample(latency_s, tokens, dispatched_at, self.in_flight,
-                                     paced=self._paced(False))
-        self._sampled(before, False)
+                                     paced=entry is None or not entry[1])
+        self._sampled(before, entry)
 
     def _oldest(self, stream: bool) -> tuple[float, bool, bool] | None:
         """The oldest pending request of that kind: first tokens come back about in dispatch
-        order, so a sample is the oldest stream's (a whole answer's, the oldest whole one's)."""
+        order, so a sample is the oldest stream's (a whole answer's, the oldest whole one's).
+        Its request may set the climb's pace unless it was sent alone (`_pending`)."""
         for entry in self._pending:
             if entry[2] is stream:
                 return entry
@@ -307,16 +311,11 @@ class Pool:
         entry = self._oldest(True)
         return None if entry is None else entry[0]
 
-    def _paced(self, stream: bool) -> bool:
-        """The sample's request was sent while others were pending (see `_pending`)."""
-        entry = self._oldest(stream)
-        return entry is None or not entry[1]
-
-    def _sampled(self, before: int, stream: bool) -> None:
+    def _sampled(self, before: int, entry: tuple[float, bool, bool] | None) -> None:
+        """After a sample of the pending request `entry` (see `_oldest`)."""
         pending = self._pending
         if pending:
             if self.limiter.slow_start:
-                entry = self._oldest(stream)
                 if entry is not None:
                     pending.remove(entry)
             else:
