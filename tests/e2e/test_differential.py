@@ -123,9 +123,11 @@ def _same(a: Any, b: Any) -> Any:
 
 
 def fused(events: list[tuple[str | None, Any]]) -> list[tuple[str | None, Any]]:
-    """A completion stream with consecutive token events of one choice joined into one. vLLM
-    sends several tokens in one event when its reader lags (timing, on any client), so how
-    tokens are packed into events is not part of the answer; their order, text and fields are."""
+    """A completion stream with consecutive token events of one choice joined into one (a
+    Responses stream: consecutive text deltas of one content part, its events then numbered
+    again in order). vLLM sends several tokens in one event when its reader lags (timing, on
+    any client), so how tokens are packed into events is not part of the answer; their order,
+    text and fields are."""
     out: list[tuple[str | None, Any]] = []
     for name, data in events:
         if out and out[-1][0] == name:
@@ -136,6 +138,11 @@ def fused(events: list[tuple[str | None, Any]]) -> list[tuple[str | None, Any]]:
             except _Unfusable:
                 pass
         out.append((name, data))
+    numbered = [d for _, d in out if isinstance(d, dict) and "sequence_number" in d]
+    if numbered:
+        first = numbered[0]["sequence_number"]
+        for i, d in enumerate(numbered):
+            d["sequence_number"] = first + i
     return out
 
 
@@ -144,9 +151,17 @@ def chunks(dumps: list[Any]) -> list[Any]:
     return [data for _, data in fused([(None, d) for d in dumps])]
 
 
+_DELTA_PART = ("item_id", "output_index", "content_index")
+
+
 def _fuse(a: Any, b: Any) -> Any:
     if not (isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys()):
         raise _Unfusable
+    if a.get("type") == "response.output_text.delta":
+        if b.get("type") != a["type"] or any(a.get(k) != b.get(k) for k in _DELTA_PART):
+            raise _Unfusable
+        return {**a, "delta": a["delta"] + b["delta"],
+                "logprobs": (a.get("logprobs") or []) + (b.get("logprobs") or [])}
     ca, cb = a.get("choices"), b.get("choices")
     if not (isinstance(ca, list) and isinstance(cb, list) and len(ca) == len(cb) == 1
             and ca[0].get("index") == cb[0].get("index") and ca[0].get("finish_reason") is None
