@@ -160,6 +160,11 @@ class Core:
         self.adapters = adapters
         self.state = ProxyDeps(settings, router, transport, metrics, admission, wake=wake,
                                parent_of=adapters.parent_of)
+        # Stored Responses API answers: later requests about them reach their replica, through
+        # either front door (api/responses.py's hooks).
+        self.homes = ResponseHomes(settings.responses, settings.flow)
+        pins = ResponsePins(self.homes, router)
+        self.state.pin, self.state.answered = pins.pin, pins.answered
 
         # Off the request path: run-time adapters follow replicas that restart or join;
         # admission follows the replicas' count (each pool's ceiling) and the engines' queues.
@@ -193,7 +198,8 @@ class Core:
         self._tasks = [asyncio.create_task(every(*w)) for w in self.watches]
 
     async def stop(self) -> None:
-        """Stop the watches and probing, close shared limits, the batcher and upstream sockets."""
+        """Stop the watches and probing, close shared limits, the batcher, the responses' map and
+        upstream sockets."""
         state = self.state
         for t in self._tasks:
             t.cancel()
@@ -205,6 +211,7 @@ class Core:
         await state.router.stop()
         if self.kv_events is not None:
             await self.kv_events.close()
+        await self.homes.close()
         await state.transport.close()
 
 
@@ -212,10 +219,6 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
     core = Core(settings)
     state, adapters, keys = core.state, core.adapters, core.keys
     router, metrics, admission = state.router, state.metrics, state.flow
-    # Stored Responses API answers: later requests about them reach their replica.
-    homes = ResponseHomes(settings.responses, settings.flow)
-    pins = ResponsePins(homes, router)
-    state.pin, state.answered = pins.pin, pins.answered
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -226,7 +229,6 @@ def build_app(settings: GatewaySettings) -> GatewayApp:
         finally:
             # Shutdown: uvicorn drained in-flight requests; stop probing, close upstream sockets.
             await core.stop()
-            await homes.close()
 
     app = FastAPI(title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     # The written document (api/openapi.py): FastAPI cannot see the fast lane's endpoints.

@@ -1,7 +1,8 @@
 """The upstream's answer as the EPP sees it pass (FULL_DUPLEX_STREAMED response bodies): every
 chunk goes back to Envoy at once, and on its way the EPP learns what the proxy learns when it
 relays: the first token (a TTFT sample for the pool's adaptive limit), the usage (token metrics
-and the key's tokens-per-minute), the status (passive health), the end (the slot is released).
+and the key's tokens-per-minute), the status (passive health), the end (the slot is released),
+and, for a stored Responses API answer, its id (the pin hook learns which replica holds it).
 
 Streams go through the proxy's own splice (gateway/api/splice.py): same event framing, same
 usage handling, and the usage event the EPP asked for on the client's behalf is stripped again.
@@ -27,7 +28,7 @@ class Answer:
     """One request's answer, from its response headers to its end (`finish`)."""
 
     def __init__(self, d: ProxyDeps, pick: Pick, started: float, status: int,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], events: bool = False) -> None:
         self._d = d
         self._pick = pick
         self._started = started
@@ -38,6 +39,10 @@ class Answer:
         self._kept: list[bytes] = []
         self._kept_bytes = 0
         self._done = False
+        # A pinnable endpoint's 200 answer (`events`: an SSE stream) whose first bytes the pin
+        # hook has not been told yet.
+        self._untold = pick.pinnable is not None and status == 200
+        self._events = events
 
     def feed(self, chunk: bytes, end: bool) -> bytes:
         """One body chunk from upstream; returns what goes on to the client now."""
@@ -60,6 +65,20 @@ class Answer:
         if end:
             self.finish(complete=True)
         return out
+
+    async def tell_home(self, end: bool) -> None:
+        """After each chunk: once the answer's first bytes are here (a stream's first event, a
+        whole body at its end), the pin hook (the proxy's `answered`, api/responses.py) learns
+        which replica made it, before Envoy passes on the bytes that carry its id."""
+        if not self._untold:
+            return
+        first = b"".join(self._kept)
+        if not end and not (self._events and b"\n\n" in first.replace(b"\r\n", b"\n")):
+            return
+        self._untold = False
+        pick = self._pick
+        assert pick.pinnable is not None and pick.request is not None
+        await self._d.answered(pick.pinnable, pick.request, pick.backend.url, first)
 
     def _first_token(self) -> None:
         pick = self._pick

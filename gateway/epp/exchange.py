@@ -79,8 +79,10 @@ class Exchange:
                     yield self._answer_headers(message)
                 elif kind == "response_body":
                     part = message.response_body
-                    out_body = (self._answer.feed(part.body, part.end_of_stream)
-                                if self._answer is not None else part.body)
+                    out_body = part.body
+                    if self._answer is not None:
+                        out_body = self._answer.feed(part.body, part.end_of_stream)
+                        await self._answer.tell_home(part.end_of_stream)
                     for answer in protocol.body_chunks(out_body, part.end_of_stream, self._chunk,
                                                        response=True):
                         yield answer
@@ -130,7 +132,9 @@ class Exchange:
                     pick.backend.outstanding -= 1
                     other.outstanding += 1
                     pick.backend = other
-            self._answer = Answer(self._d, pick, self._started, status, self._clock)
+            events = (protocol.header(headers, b"content-type") or b"").startswith(
+                b"text/event-stream")
+            self._answer = Answer(self._d, pick, self._started, status, self._clock, events)
             if message.response_headers.end_of_stream:
                 self._answer.finish(complete=True)
         return protocol.continue_response_headers()

@@ -7,7 +7,10 @@ gateway does, authenticated when a keys file is set, admitted into their model's
 limits, slow start, the fair queue, overload refusal) and routed by the pool's policy (prefix
 affinity, least outstanding...). Any other request (GET /v1/models, /v1/embeddings, ...) goes to
 the least busy endpoint serving its model, or of all, without admission: as the gateway, which
-does not admit what it does not proxy.
+does not admit what it does not proxy. A request about a stored Responses API answer
+(`previous_response_id`, GET /v1/responses/{id}, its cancel) goes to the replica that holds it,
+asked of the same pin hook as the proxy asks (api/responses.py); the answer's id is learnt by
+answer.py.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import orjson
 
 from gateway.api.auth import AuthMiddleware, bearer_token
 from gateway.api.deps import ProxyDeps
-from gateway.api.endpoints import CHAT, COMPLETIONS, Kind
+from gateway.api.endpoints import CHAT, COMPLETIONS, ENDPOINTS, Endpoint, Kind, match
 from gateway.api.forward import ask_usage
-from gateway.api.replicas import default_model, no_replica, route_request
+from gateway.api.replicas import default_model, no_replica, pinned, route_request
 from gateway.api.schemas import ParsedRequest, encoding_error, parse_request
+from gateway.epp.protocol import header
 from gateway.errors import GatewayError, PayloadTooLarge, Unavailable
 from gateway.flow.admission import Pool
 from gateway.flow.door import admit
@@ -32,6 +36,15 @@ from gateway.routing.backend import Backend
 
 # The endpoints admitted and routed as the gateway's proxy does; the rest are only routed.
 ADMITTED: dict[bytes, Kind] = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion"}
+# The endpoints whose requests a pin hook may send to one replica (api/endpoints.py's table).
+_PINNABLE = {e.path: e for e in ENDPOINTS if e.pinnable and "{" not in e.path}
+
+
+def pinnable(path: str, method: str) -> Endpoint | None:
+    """The `pinnable` endpoint `path` and `method` are a request of, or None."""
+    endpoint = _PINNABLE.get(path) or match(path)
+    return endpoint if endpoint is not None and endpoint.pinnable and method in endpoint.methods \
+        else None
 
 
 def host_port(b: Backend) -> str:
@@ -62,6 +75,10 @@ class Pick:
     tenant: Tenant | None
     dispatched: float  # when the pick was made (admission's clock): TTFT samples count from it
     endpoint: str = ""  # its `endpoint` metric label: the path, for the completions
+    # A `pinnable` endpoint's request (the Responses API's): its answer tells the pin hook where
+    # the state it made lives (answer.py).
+    pinnable: Endpoint | None = None
+    request: ParsedRequest | None = None
 
     def release(self) -> None:
         """Give the slot back, and the backend's count of requests in flight."""
@@ -93,8 +110,13 @@ class Picker:
                 refusal = AuthMiddleware.invalid if token else AuthMiddleware.missing
                 raise Refused(refusal, AuthMiddleware.www)
         exclude = self._outside(subset)
-        kind = ADMITTED.get(path.partition(b"?")[0])
+        bare = path.partition(b"?")[0]
+        kind = ADMITTED.get(bare)
         if kind is None:
+            method = (header(headers, b":method") or b"").decode("latin-1")
+            endpoint = pinnable(bare.decode("latin-1"), method)
+            if endpoint is not None:
+                return await self._route_pinnable(endpoint, bare, body, exclude, subset)
             return self._route_other(body, exclude, subset)
         req = parse_request(body, kind)
         try:
@@ -148,6 +170,30 @@ class Picker:
                 f"no healthy replica for model '{model}' among the endpoints the gateway allowed",
                 retry_after=self._d.settings.health_interval_s)
         return no_replica(self._d, model)
+
+    async def _route_pinnable(self, endpoint: Endpoint, path: bytes, body: bytes,
+                              exclude: list[Backend], subset: frozenset[str] | None) -> Pick:
+        """To the replica the pin hook names (the proxy's `_forward_other`: a 404 when it is
+        gone, a 503 while it is unavailable), else as any other request."""
+        d = self._d
+        req = parse_request(body, "other")
+        try:
+            url = await d.pin(endpoint, req, {"path": path.decode("latin-1")})
+            backend = pinned(d, url) if url is not None else None
+        except GatewayError as exc:
+            raise Refused(exc) from None
+        if backend is None:
+            pick = self._route_other(body, exclude, subset)
+        elif backend in exclude:
+            raise Refused(Unavailable(
+                "the replica that holds this request's state is not among the endpoints the "
+                "gateway allowed", retry_after=d.settings.health_interval_s))
+        else:
+            backend.outstanding += 1
+            model = req.model or (min(backend.models) if backend.models else "")
+            pick = Pick(backend, model, body, False, False, False, None, None, 0.0)
+        pick.pinnable, pick.request = endpoint, req
+        return pick
 
     def _route_other(self, body: bytes, exclude: list[Backend],
                      subset: frozenset[str] | None) -> Pick:

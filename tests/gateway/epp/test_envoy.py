@@ -290,3 +290,49 @@ def test_a_queued_request_waits_in_the_epp_and_is_served(upstreams: UpstreamFact
         assert first[0] == second[0] == 200 and second[2] == "data: [DONE]"
         assert second[1] > 1.0  # it waited for the slot, not refused
         assert epp.metric("llmserve_rejections_total") == 0
+
+
+def _create(url: str, stream: bool) -> str:
+    r = httpx.post(url + "/v1/responses", json={"model": "demo", "input": "x", "stream": stream},
+                   timeout=10)
+    assert r.status_code == 200, r.text
+    if stream:
+        first = r.text.split("\n\n")[0].split("data: ", 1)[1]
+        return str(orjson.loads(first)["id"])
+    return str(r.json()["id"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_requests_about_a_response_reach_its_replica(upstreams: UpstreamFactory,
+                                                     envoy: Callable[..., Envoy],
+                                                     stream: bool) -> None:
+    """The proxy's Responses API pins (api/responses.py), through Envoy and the EPP: a later
+    turn (`previous_response_id`), GET /v1/responses/{id} and its cancel reach the replica that
+    stored the response. Round robin, so that unpinned they would alternate; an id the EPP never
+    saw is routed as any request."""
+    ups = [upstreams(echo_other=True), upstreams(echo_other=True)]
+    backends = [url_of(u) for u in ups]
+    with run_epp(backends=backends, routing_policy="round_robin", health_interval_s=60,
+                 flow={"scrape_engines": False}) as epp:
+        proxy = envoy(epp_port=epp.port)
+        for _ in range(2):  # one response made on each replica
+            rid = _create(proxy.url, stream)
+            home = next(u for u in ups if rid.startswith(f"resp_{u.port}_"))
+            before = [u.requests for u in ups]
+            for _ in range(3):
+                assert httpx.get(f"{proxy.url}/v1/responses/{rid}", timeout=10).status_code == 200
+                assert httpx.post(f"{proxy.url}/v1/responses/{rid}/cancel",
+                                  timeout=10).status_code == 200
+                nxt = httpx.post(proxy.url + "/v1/responses", timeout=10, json={
+                    "model": "demo", "input": "y", "previous_response_id": rid})
+                assert nxt.status_code == 200
+            served = [u.requests - b for u, b in zip(ups, before, strict=True)]
+            assert served[ups.index(home)] == 9 and sum(served) == 9, served
+        before = [u.requests for u in ups]
+        for _ in range(4):
+            assert httpx.post(proxy.url + "/v1/responses", timeout=10, json={
+                "model": "demo", "input": "y", "previous_response_id": "resp_unknown"}
+            ).status_code == 200
+        assert [u.requests - b for u, b in zip(ups, before, strict=True)] == [2, 2]
+        wait_for(lambda: epp.call(lambda: [b.outstanding for b in epp.state.router.backends()])
+                 == [0, 0], what="a request's count in flight was not given back")
