@@ -8,8 +8,10 @@
 - head deadline: from the connection's opening (or the read that left a later head incomplete)
   to the end of the head (408, or a plain close for a connection that never sent a byte);
 - body deadline: the longest gap between two reads of a body the app is reading (408);
-- a response finished while the request body still arrives (a 413, a 401 before a big upload)
-  closes the connection instead of reading the rest;
+- a response finished while the request body still arrives (a 307 for a trailing slash, a 401,
+  a 404 that needs no body): a rest of known length up to `_LINGER_BYTES` is read and dropped,
+  so the connection serves the client's next request (clients reuse it, unwarned); a longer or
+  chunked rest closes the connection instead of reading it (a 413 before a big upload);
 - connections over `max_connections` are closed at accept;
 - a request with an `Upgrade` header (or CONNECT): httptools skips its body and drops the rest of
   the read it came in, so one with a body is refused (400), and one without is answered as plain
@@ -78,6 +80,10 @@ class EdgeProtocol(HttpToolsProtocol):
         self.__last = False  # the head of the connection's last request was parsed
         self.__framing = 0  # bytes of the body's reads since the last one with body data
         self.__body_read = False  # the read being parsed brought body data
+        self.__body_bytes = 0  # body bytes of the request being read
+        self.__draining = False  # reading the rest of an answered request's body, to drop it
+        self.__idle = False  # the timer is the idle deadline after a dropped rest
+        self.__keep_alive_s = config.timeout_keep_alive
 
     # -- the connection (asyncio's callbacks) ----------------------------------------------------
 
@@ -144,6 +150,8 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.__refused:
             return
         super().on_message_begin()
+        if self.__idle:  # the idle deadline after a dropped rest (__rest_dropped) ends here
+            self.__disarm()
         self.__head_begun = True
         self.__headers = 0
 
@@ -169,6 +177,7 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         self.__heads += 1
         self.__in_body = True
+        self.__body_bytes = 0
         super().on_headers_complete()
         if upgrade:
             # The rest of this read is lost to the parser, so nothing after this head is parsed:
@@ -180,6 +189,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         if not self.__refused:
             self.__body_read = True
+            self.__body_bytes += len(body)
             super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -190,6 +200,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self.__head_room = self.__max_head
         self.__disarm()
         super().on_message_complete()
+        if self.__draining:
+            self.__rest_dropped()
 
     # -- uvicorn's own hooks ---------------------------------------------------------------------
 
@@ -203,10 +215,41 @@ class EdgeProtocol(HttpToolsProtocol):
             self.__deferred = None
             self.__linger()
         elif self.__in_body and not self.__refused:
-            # Answered before the body was all read (a 413 on a chunked body, a 401): reading the
-            # rest only to keep the connection would let the client make us read it all.
+            rest = self.__rest()
+            if rest is not None and rest <= _LINGER_BYTES:
+                # Answered before a small body was all read (a 307 for a trailing slash): the
+                # rest is read and dropped (uvicorn drops body bytes after the response), and the
+                # connection kept. The client was not told to close it, and reuses it: a close
+                # here would fail its next request (a redirect followed on the same connection).
+                self.__draining = True
+                self.__body_at = self.__loop.time()
+                self.__arm(self.edge.settings.body_timeout_s, self.__body_timeout)
+                return
+            # A large or chunked rest (a 413, a 401 before a big upload): reading it only to keep
+            # the connection would let the client make us read it all.
             self.edge.event("body_unread", self.__peer())
             self.__linger()
+
+    def __rest(self) -> int | None:
+        # Body bytes still to come of the request being read, if its head declared a length
+        # (uvicorn's list of its headers, names lower-cased).
+        for name, value in self.headers:
+            if name == b"content-length":
+                return int(value) - self.__body_bytes
+        return None
+
+    def __rest_dropped(self) -> None:
+        # The rest of an answered body is read: the connection is idle, as after any response.
+        # (uvicorn's keep-alive timer, armed at the response, was cancelled by the rest's reads.)
+        self.__draining = False
+        self.__arm(self.__keep_alive_s, self.__idle_timeout)
+        self.__idle = True
+
+    def __idle_timeout(self) -> None:
+        self.__timer = None
+        self.__idle = False
+        if not self.__transport.is_closing() and self.__in_head and not self.__head_begun:
+            self.__transport.close()
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's answer to a request httptools cannot parse: text/plain there, OpenAI's JSON
@@ -224,7 +267,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.__in_head:
             if self.__head_begun:
                 self.__arm(self.edge.settings.head_timeout_s, self.__head_timeout)
-        elif self.__in_body and self.__answered < self.__heads:
+        elif self.__in_body and (self.__answered < self.__heads or self.__draining):
             self.__body_at = self.__loop.time()
             self.__arm(self.edge.settings.body_timeout_s, self.__body_timeout)
 
@@ -233,6 +276,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self.__timer = self.__loop.call_later(delay, callback)
 
     def __disarm(self) -> None:
+        self.__idle = False
         if self.__timer is not None:
             self.__timer.cancel()
             self.__timer = None
@@ -249,7 +293,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def __body_timeout(self) -> None:
         self.__timer = None
         if (self.__transport.is_closing() or not self.__in_body
-                or self.__answered >= self.__heads):
+                or (self.__answered >= self.__heads and not self.__draining)):
             return
         timeout = self.edge.settings.body_timeout_s
         if not self.__transport.is_reading():
@@ -260,6 +304,11 @@ class EdgeProtocol(HttpToolsProtocol):
         idle = self.__loop.time() - self.__body_at
         if idle < timeout:
             self.__arm(timeout - idle, self.__body_timeout)
+            return
+        if self.__draining:
+            # The rest of an answered body stalled: nothing is left to answer, and nothing unread.
+            self.edge.event("body_timeout", self.__peer(), "the rest of an answered body stalled")
+            self.__transport.close()
             return
         self.__refuse("body_timeout", RequestTimeout(f"request body stalled for {timeout:g} s"))
 

@@ -236,3 +236,34 @@ def test_a_body_over_the_limit_is_a_413_to_clients_that_send_it_all_first(
     with run_gateway(backends=[url_of(up)], max_body_bytes=64 * 1024) as gw:
         asyncio.run(run(gw.url))
         assert up.completions == 0
+
+
+def test_an_answer_before_a_small_body_keeps_the_connection_for_the_next_request(
+        upstreams: UpstreamFactory) -> None:
+    # A trailing slash is answered (307) without reading the body. When the body comes in a read
+    # after the head (clients write them apart), the answer is out before it: the rest is read
+    # and dropped, and the client's next request on the connection (the redirect followed, as
+    # httpx does with follow_redirects) is served; the 307 announced no close.
+    head = (b"POST /v1/chat/completions/ HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n")
+    with run_gateway(backends=[url_of(upstreams())], keep_alive_s=_KEEP_ALIVE_S) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            for _ in range(2):
+                s.sendall(head % len(_CHAT))
+                status, _ = _one_answer(s)
+                assert status.startswith(b"HTTP/1.1 307 "), status
+                time.sleep(0.05)  # the answer is out before the body
+                s.sendall(_CHAT[:10])
+                time.sleep(0.05)
+                s.sendall(_CHAT[10:])
+                _ask(s)
+            # Idle after that: closed at the keep-alive timeout, as after any answer.
+            waited = _closed_within(s, 3)
+            assert waited is not None and waited <= _KEEP_ALIVE_S + 1
+        # A rest past the bound is not read to keep the connection: the answer, then the close.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(head % (1024 * 1024))
+            status, _ = _one_answer(s)
+            assert status.startswith(b"HTTP/1.1 307 ")
+            assert _closed_within(s, 3) is not None
