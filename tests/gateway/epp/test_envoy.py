@@ -336,3 +336,33 @@ def test_requests_about_a_response_reach_its_replica(upstreams: UpstreamFactory,
         assert [u.requests - b for u, b in zip(ups, before, strict=True)] == [2, 2]
         wait_for(lambda: epp.call(lambda: [b.outstanding for b in epp.state.router.backends()])
                  == [0, 0], what="a request's count in flight was not given back")
+
+
+@pytest.mark.slow  # seconds of timed streams: the full tier
+def test_envoys_stream_idle_timeout_bounds_a_queued_request(upstreams: UpstreamFactory,
+                                                            envoy: Callable[..., Envoy]) -> None:
+    """What does bound a request queued in the EPP: the HTTP connection manager's
+    stream_idle_timeout (nothing moves while it waits), not the ext_proc message_timeout (the
+    test above). Below the queue's timeout, Envoy ends the wait (504) before the EPP would have
+    served or refused it, so that timer must exceed GATEWAY_FLOW__QUEUE_TIMEOUT_S and the longest
+    wake budget (docs/gateway-api.md); the EPP hears the cancel and drops the queued entry."""
+    up = upstreams(tokens=60, token_delay_s=0.05)  # a 3 s stream holds the slot
+    flow = {"initial_limit": 1, "min_limit": 1, "max_limit": 1, "queue_timeout_s": 8,
+            "ttft_target_s": 10}
+    with run_epp(backends=[url_of(up)], flow=flow) as epp:
+        proxy = envoy(epp_port=epp.port, stream_idle_timeout_s=1)
+        pool = epp.call(lambda: epp.state.flow.pool("demo"))  # type: ignore[union-attr]
+        with httpx.stream("POST", proxy.url + CHAT, json=chat(True), timeout=20) as first:
+            lines = first.iter_lines()
+            next(lines)  # it holds the slot, and streams (not idle)
+            t0 = time.monotonic()
+            queued = httpx.post(proxy.url + CHAT, json=chat(), timeout=20)
+            waited = time.monotonic() - t0
+            # Envoy's own answer (its body whole, the upstream not begun): 504 "stream timeout".
+            assert (queued.status_code, queued.text) == (504, "stream timeout")
+            assert 0.9 < waited < 2.5  # cut by Envoy's idle timer, not the queue's 8 s
+            wait_for(lambda: epp.call(lambda: len(pool.queue)) == 0,
+                     what="the cancelled request stayed queued in the EPP")
+            # The stream itself, never idle, went on to its end.
+            assert [line for line in lines if line][-1] == "data: [DONE]"
+        assert epp.metric("llmserve_rejections_total") == 0
