@@ -247,19 +247,22 @@ def test_rbac_is_least_privilege(release: Release) -> None:
     kinds = {m["kind"] for m in release.manifests}
     assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
     discovery = release.values.get("gateway", {}).get("discovery", "kubernetes")
+    epp = release.values.get("gateway", {}).get("mode") == "epp"
     roles = release.of_kind("Role")
-    if discovery != "kubernetes":
+    if discovery != "kubernetes" and not epp:
         assert roles == [] and release.of_kind("RoleBinding") == []
         return
     (role,) = roles
     assert role["metadata"]["namespace"] == NAMESPACE
-    assert role["rules"] == [
-        {
-            "apiGroups": ["discovery.k8s.io"],
-            "resources": ["endpointslices"],
-            "verbs": ["get", "list", "watch"],
-        }
-    ]
+    read = ["get", "list", "watch"]
+    # An EPP reads its InferencePool and the pods it selects (test_gateway_api.py checks these
+    # against the calls the discovery makes); the gateway, the worker Service's slices.
+    assert role["rules"] == ([
+        {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
+         "verbs": read},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+    ] if epp else [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read}])
     (binding,) = release.of_kind("RoleBinding")
     assert binding["metadata"]["namespace"] == NAMESPACE
     assert binding["roleRef"] == {
@@ -270,9 +273,13 @@ def test_rbac_is_least_privilege(release: Release) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": GATEWAY_SA, "namespace": NAMESPACE}
     ]
-    gateway = next(p for p in release.pods() if p.role == "gateway")
-    assert gateway.spec["serviceAccountName"] == GATEWAY_SA
-    env = env_of(gateway.container("gateway"))
+    gateways = [p for p in release.pods() if p.role == "gateway"]
+    assert {g.spec["serviceAccountName"] for g in gateways} == {GATEWAY_SA}
+    if epp:  # each EPP reads its own namespace's pool
+        assert {env_of(g.container("gateway"))["GATEWAY_EPP__POOL_NAMESPACE"]
+                for g in gateways} == {NAMESPACE}
+        return
+    env = env_of(gateways[0].container("gateway"))
     # The gateway watches exactly what the Role allows: its own namespace, the worker Service.
     assert env["GATEWAY_K8S_NAMESPACE"] == NAMESPACE
     if release.values.get("models"):
@@ -284,8 +291,9 @@ def test_rbac_is_least_privilege(release: Release) -> None:
 
 def test_only_the_gateway_may_mount_an_api_token(release: Release) -> None:
     discovery = release.values.get("gateway", {}).get("discovery", "kubernetes")
+    epp = release.values.get("gateway", {}).get("mode") == "epp"
     for pod in release.pods():
-        expected = pod.role == "gateway" and discovery == "kubernetes"
+        expected = pod.role == "gateway" and (discovery == "kubernetes" or epp)
         assert pod.spec.get("automountServiceAccountToken") is expected, pod.name
 
 

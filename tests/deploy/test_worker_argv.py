@@ -201,7 +201,9 @@ def test_rendered_gateway_env_is_valid_gateway_settings(
         assert [p["containerPort"] for p in epp] == [settings.epp.port]
     assert settings.port == http["containerPort"]
     assert settings.edge.probe_port == probes["containerPort"]
-    assert settings.discovery == release.values.get("gateway", {}).get("discovery", "kubernetes")
+    # An EPP finds its pool's pods from the InferencePool, whatever gateway.discovery says.
+    assert settings.discovery == ("inferencepool" if settings.mode == "epp" else
+                                  release.values.get("gateway", {}).get("discovery", "kubernetes"))
     if settings.discovery == "kubernetes":
         assert (settings.k8s_namespace, settings.k8s_port) == (NAMESPACE, 8000)
     # Every pool's layout, as the pool renders it (llmserve_pool_info).
@@ -213,4 +215,6 @@ def test_rendered_gateway_env_is_valid_gateway_settings(
         assert w["WORKER_SERVED_MODEL_NAME"] == layout.model
         assert int(w["WORKER_TENSOR_PARALLEL_SIZE"]) == layout.tp
         assert int(w["WORKER_PIPELINE_PARALLEL_SIZE"]) == layout.pp
-    assert len(settings.pools) == len(release.values.get("models") or [])
+    # Each EPP declares its own pool only (test_gateway_api.py); the gateway, every pool.
+    expected = 1 if settings.mode == "epp" else len(release.values.get("models") or [])
+    assert len(settings.pools) == expected

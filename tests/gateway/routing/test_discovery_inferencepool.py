@@ -5,112 +5,29 @@ and a changed pool read again when a watch ends."""
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 from collections.abc import AsyncGenerator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 from kubernetes import client
 
 from gateway.routing.discovery.inferencepool import InferencePoolPods
 from gateway.settings import GatewaySettings
-
-POOL_PATH = "/apis/inference.networking.k8s.io/v1/namespaces/ns/inferencepools/chat"
-PODS_PATH = "/api/v1/namespaces/ns/pods"
+from tests.kubeapi import FakeApi, fake_api, pod_doc, pool_doc
 
 
 def pool(labels: dict[str, str], *ports: int) -> dict[str, Any]:
-    return {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-            "metadata": {"name": "chat", "namespace": "ns"},
-            "spec": {"selector": {"matchLabels": labels},
-                     "targetPorts": [{"number": p} for p in ports],
-                     "endpointPickerRef": {"name": "epp", "port": {"number": 9002}}}}
+    return pool_doc("chat", "ns", labels, *ports)
 
 
 def pod(name: str, ip: str | None, ready: bool, deleting: bool = False) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "ns", "resourceVersion": "5"}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-11-27T10:00:00Z"
-    status: dict[str, Any] = {"conditions": [
-        {"type": "Ready", "status": "True" if ready else "False"}]}
-    if ip is not None:
-        status["podIP"] = ip
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": status}
-
-
-class FakeApi:
-    """The pool document (changeable), and per label selector the pods listed; each watch
-    request takes the next script entry (events), else idles 0.1 s."""
-
-    def __init__(self) -> None:
-        self.pool: dict[str, Any] = {}
-        self.pods: dict[str, list[dict[str, Any]]] = {}
-        self.watches: list[list[dict[str, Any]]] = []
-        self.selectors: list[str] = []
-        self.lock = threading.Lock()
-
-
-def _handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _json(self, status: int, doc: dict[str, Any]) -> None:
-            body = json.dumps(doc).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            q = parse_qs(url.query)
-            if url.path == POOL_PATH:
-                with fake.lock:
-                    self._json(200, fake.pool)
-                return
-            if url.path != PODS_PATH:
-                self._json(404, {"kind": "Status", "code": 404, "message": self.path})
-                return
-            selector = q.get("labelSelector", [""])[0]
-            if q.get("watch") == ["true"]:
-                with fake.lock:
-                    step = fake.watches.pop(0) if fake.watches else []
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.end_headers()
-                for event in step:
-                    self.wfile.write(json.dumps(event).encode() + b"\n")
-                    self.wfile.flush()
-                threading.Event().wait(0.1)
-                return
-            with fake.lock:
-                fake.selectors.append(selector)
-                items = fake.pods.get(selector, [])
-            self._json(200, {"apiVersion": "v1", "kind": "PodList",
-                             "metadata": {"resourceVersion": "10"}, "items": items})
-
-    return Handler
+    return pod_doc(name, "ns", ip, ready, deleting)
 
 
 @pytest.fixture
 def api() -> Iterator[tuple[FakeApi, client.ApiClient]]:
-    fake = FakeApi()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    cfg = client.Configuration()
-    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
-    api_client = client.ApiClient(cfg)
-    yield fake, api_client
-    api_client.close()  # type: ignore[no-untyped-call]
-    server.shutdown()
-    server.server_close()
+    with fake_api("ns", "chat") as served:
+        yield served
 
 
 async def collect(d: InferencePoolPods, n: int) -> list[frozenset[str]]:

@@ -3,7 +3,7 @@ GATEWAY_* settings the chart manages; gateway.env may not set these (a second va
 setting would silently win or lose depending on order).
 */}}
 {{- define "llmserve.gateway.managedEnv" -}}
-GATEWAY_MODE GATEWAY_EPP__PORT GATEWAY_EPP__METRICS_PORT GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_TIMEOUTS__TOTAL_S GATEWAY_TIMEOUTS GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS GATEWAY_POOLS GATEWAY_ADMIN_KEY GATEWAY_ADMIN_KEY_SHA256 GATEWAY_LORA__MAX_LORAS GATEWAY_KV__EVENTS_PORT
+GATEWAY_MODE GATEWAY_EPP__PORT GATEWAY_EPP__METRICS_PORT GATEWAY_EPP__POOL_NAME GATEWAY_EPP__POOL_NAMESPACE GATEWAY_HOST GATEWAY_PORT GATEWAY_EDGE__PROBE_PORT GATEWAY_DISCOVERY GATEWAY_BACKENDS GATEWAY_DNS_NAME GATEWAY_DNS_PORT GATEWAY_K8S_NAMESPACE GATEWAY_K8S_SERVICE GATEWAY_K8S_PORT GATEWAY_DRAIN_TIMEOUT_S GATEWAY_TIMEOUTS__TOTAL_S GATEWAY_TIMEOUTS GATEWAY_API_KEYS_FILE GATEWAY_FLOW__LIMITS_REDIS_URL GATEWAY_FLOW__LIMITS_REDIS_FAIL GATEWAY_FLOW__LIMIT_REPLICAS GATEWAY_POOLS GATEWAY_ADMIN_KEY GATEWAY_ADMIN_KEY_SHA256 GATEWAY_LORA__MAX_LORAS GATEWAY_KV__EVENTS_PORT
 {{- end -}}
 
 {{/*
@@ -16,7 +16,39 @@ maxReplicas/minReplicas x its limit when scaled out; NOTES says so).
 {{- ternary $g.autoscaling.minReplicas $g.replicas $g.autoscaling.enabled | int -}}
 {{- end -}}
 
+{{/*
+The gateway's Deployments, as YAML {instances: [{name, pool, poolResource}]}. mode=gateway: one,
+the gateway. mode=epp: one endpoint picker per worker pool, as the Gateway API Inference Extension
+deploys them (an EPP serves the InferencePool it is started for, `<pool>-epp`): it finds that
+pool's pods from the InferencePool (GATEWAY_DISCOVERY=inferencepool) and picks among them only,
+so a request the HTTPRoute sent to one pool never lands on another pool's pod, even when two
+pools serve the same model.
+*/}}
+{{- define "llmserve.gateway.instances" -}}
+{{- $out := list -}}
+{{- if eq .Values.gateway.mode "epp" -}}
+{{- range (include "llmserve.pools" . | fromYaml).pools -}}
+{{- $out = append $out (dict "name" (printf "%s-epp" .resourceName) "pool" .name "poolResource" .resourceName) -}}
+{{- end -}}
+{{- else -}}
+{{- $out = append $out (dict "name" (include "llmserve.gateway.fullname" .) "pool" "" "poolResource" "") -}}
+{{- end -}}
+{{- toYaml (dict "instances" $out) -}}
+{{- end -}}
+
+{{/* One instance's pod selector: the gateway's, and in EPP mode its pool. (dict "root" $ "instance" .) */}}
+{{- define "llmserve.gateway.selector" -}}
+{{ include "llmserve.componentSelector" (dict "root" .root "component" "gateway") }}
+{{- with .instance.pool }}
+llmserve.io/epp-pool: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* The env of one instance (dict "root" $ "instance" <llmserve.gateway.instances entry>). */}}
 {{- define "llmserve.gateway.env" -}}
+{{- $instance := .instance -}}
+{{- with .root -}}
+{{- $root := . -}}
 {{- $g := .Values.gateway -}}
 - name: GATEWAY_HOST
   value: "0.0.0.0"
@@ -39,9 +71,20 @@ maxReplicas/minReplicas x its limit when scaled out; NOTES says so).
 - name: GATEWAY_EPP__METRICS_PORT
   value: {{ $g.probePort | int | toString | quote }}
 {{- end }}
+{{- if $instance.pool }}
+{{- /* The EPP of one pool: its pods, from the InferencePool's selector and target ports. */}}
+- name: GATEWAY_DISCOVERY
+  value: "inferencepool"
+- name: GATEWAY_EPP__POOL_NAME
+  value: {{ $instance.poolResource | quote }}
+- name: GATEWAY_EPP__POOL_NAMESPACE
+  value: {{ .Release.Namespace | quote }}
+{{- else }}
 - name: GATEWAY_DISCOVERY
   value: {{ $g.discovery | quote }}
-{{- if eq $g.discovery "kubernetes" }}
+{{- end }}
+{{- if $instance.pool }}
+{{- else if eq $g.discovery "kubernetes" }}
 - name: GATEWAY_K8S_NAMESPACE
   value: {{ .Release.Namespace | quote }}
 - name: GATEWAY_K8S_SERVICE
@@ -63,8 +106,9 @@ reports (python -m loadtest compare), which the gateway cannot learn from vLLM's
 and holds its requests up to the wake budget while a replica starts (docs/autoscaling.md). */}}
 {{- $layouts := list }}
 {{- range (include "llmserve.pools" . | fromYaml).pools }}
+{{- if or (not $instance.pool) (eq $instance.pool .name) }}
 {{- $layout := dict "name" .name "model" .servedModelName "tp" (int .tensorParallelSize) "pp" (int .pipelineParallelSize) "nodes" (int .nodes) }}
-{{- $a := include "llmserve.autoscaling" (dict "root" $ "m" .) | fromYaml }}
+{{- $a := include "llmserve.autoscaling" (dict "root" $root "m" .) | fromYaml }}
 {{- if $a.scaleToZero }}
 {{- $_ := set $layout "scale_to_zero" true }}
 {{- $_ := set $layout "wake_budget_s" (int $a.wakeBudgetSeconds) }}
@@ -77,6 +121,7 @@ parked at zero) knows them, and their requests wait for the pool rather than mee
 {{- $_ := set $layout "adapters" $names }}
 {{- end }}
 {{- $layouts = append $layouts $layout }}
+{{- end }}
 {{- end }}
 - name: GATEWAY_POOLS
   value: {{ toJson $layouts | quote }}
@@ -142,5 +187,6 @@ the admin API's key (adding adapters at run time) from a Secret, or only its dig
 {{- end }}
 - name: {{ $name }}
   value: {{ $value | toString | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
