@@ -207,6 +207,8 @@ def test_the_notes_name_the_timeouts_the_data_plane_needs(
      "parentRefs is empty"),
     ({"gateway": {"mode": "epp", "eppPort": 8000}}, "eppPort must differ"),
     ({"gateway": {"mode": "epp", "ingress": {"enabled": True}}}, "serve no HTTP API"),
+    ({"gateway": {"mode": "epp"}, "compare": {"enabled": True, "targets": ["a=m", "b=m"],
+                                              "users": "1"}}, "do not serve"),
 ])
 def test_inconsistent_values_are_refused(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm_python.HelmError, match=message):
