@@ -4,7 +4,8 @@
    health probing.
 2. Readiness: /ready answers 200 once at least one replica passed its probe.
 3. Drain on SIGTERM: /ready turns 503 at once, so Kubernetes stops sending new traffic, and
-   in-flight requests (streams included) get up to `drain_timeout_s` to finish.
+   in-flight requests (streams included) get up to `drain_timeout_s` (unset: `timeouts.total_s`)
+   to finish.
 4. Drain expiry: whatever is still running after `drain_timeout_s` is ended by the gateway itself
    (gateway/api/inflight.py): a queued or unanswered request gets a 503, an open stream one in-band
    error event, then each closes. uvicorn's own cancel, which would cut streams silently and log a
@@ -65,7 +66,7 @@ def run(settings: GatewaySettings) -> None:
         lifespan="on",
         access_log=False,  # a log line per request would cost more than the proxying
         log_level=settings.log_level,
-        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + _BACKSTOP_S,
+        timeout_graceful_shutdown=math.ceil(settings.drain_s) + _BACKSTOP_S,
         timeout_keep_alive=75,
         backlog=4096,
         proxy_headers=False,  # nothing here uses the client address
@@ -135,14 +136,14 @@ class _DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Step 3: flip readiness before uvicorn stops accepting and waits for in-flight requests.
         if not self.__state.draining:
-            log.info("signal %s: draining for up to %ss", sig, self.__state.settings.drain_timeout_s)
+            log.info("signal %s: draining for up to %ss", sig, self.__state.settings.drain_s)
         self.__state.draining = True
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Step 4: at the drain timeout, end what is still open before uvicorn cuts it.
         expiry = asyncio.get_running_loop().call_later(
-            self.__state.settings.drain_timeout_s, self.__expire)
+            self.__state.settings.drain_s, self.__expire)
         try:
             await super().shutdown(sockets)
         finally:
@@ -158,4 +159,4 @@ class _DrainingServer(uvicorn.Server):
         n = self.__state.inflight.expire()
         if n:
             log.warning("drain timeout (%ss) expired: ending %d open request(s) with an error",
-                        self.__state.settings.drain_timeout_s, n)
+                        self.__state.settings.drain_s, n)

@@ -461,8 +461,10 @@ class GatewaySettings(BaseSettings):
                     "the 413, so a client that sends its whole body before reading "
                     "(AsyncOpenAI, httpx.AsyncClient) gets the 413, not a reset connection; a "
                     "larger one is answered at once")
-    drain_timeout_s: float = Field(
-        30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish")
+    drain_timeout_s: float | None = Field(
+        None, ge=0, description="on SIGTERM, how long in-flight requests may finish; unset: "
+        "timeouts.total_s, so a drain never cuts a request the gateway lets run (a shorter "
+        "value is refused)")
     pools: list[PoolLayout] = Field(
         default=[],
         description='worker pools: layouts for llmserve_pool_info and /v1/models, and which '
@@ -499,6 +501,11 @@ class GatewaySettings(BaseSettings):
         return out
 
     @property
+    def drain_s(self) -> float:
+        """How long in-flight requests get on SIGTERM: drain_timeout_s, or timeouts.total_s."""
+        return self.timeouts.total_s if self.drain_timeout_s is None else self.drain_timeout_s
+
+    @property
     def admin_digest(self) -> bytes | None:
         """The admin key's SHA-256, from whichever setting holds it; None: no admin API."""
         if self.admin_key is not None:
@@ -526,6 +533,11 @@ class GatewaySettings(BaseSettings):
                 and not self.kv.tokenizers:
             raise ValueError("routing policy kv_aware needs GATEWAY_KV__TOKENIZERS (a "
                              "tokenizer directory per model): it scores tokens, not bytes")
+        if self.drain_timeout_s is not None and self.drain_timeout_s < self.timeouts.total_s:
+            raise ValueError(
+                f"GATEWAY_DRAIN_TIMEOUT_S={self.drain_timeout_s:g} is shorter than "
+                f"GATEWAY_TIMEOUTS__TOTAL_S={self.timeouts.total_s:g}: a drain would cut "
+                "requests the gateway lets run (raise it, or lower the total)")
         if self.edge.probe_port == self.port:
             raise ValueError("GATEWAY_EDGE__PROBE_PORT must differ from GATEWAY_PORT")
         names = [p.name for p in self.pools]

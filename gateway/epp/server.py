@@ -4,7 +4,8 @@ Envoy's ext_proc service, with the gRPC health service, and /metrics over HTTP.
 Health, as the endpoint picker protocol asks: `liveness` (and the server's overall "") answer
 SERVING while the process runs; `readiness` and `envoy.service.ext_proc.v3.ExternalProcessor`
 answer SERVING while a replica is available to route to (the gateway's own /ready), NOT_SERVING
-before and from SIGTERM on. On SIGTERM open streams get `drain_timeout_s` to end.
+before and from SIGTERM on. On SIGTERM open streams get `drain_timeout_s` (unset:
+`timeouts.total_s`) to end.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class EppServer:
         if self._readiness is not None:
             self._readiness.cancel()
         await self._set_ready(False)
-        await self.server.stop(self.settings.drain_timeout_s)
+        await self.server.stop(self.settings.drain_s)
         await self.core.stop()
 
 
@@ -119,7 +120,7 @@ async def serve(settings: GatewaySettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("signal: draining for up to %ss", settings.drain_timeout_s)
+    log.info("signal: draining for up to %ss", settings.drain_s)
     await server.stop()
 
 

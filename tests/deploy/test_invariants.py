@@ -128,13 +128,13 @@ def test_grace_period_covers_prestop_plus_drain(release: Release) -> None:
 def test_drain_settings_reach_the_processes(render_case: Any) -> None:
     rel = render_case("pinned-images-pull-secrets-overrides")
     tp8 = next(p for p in rel.worker_pods() if p.metadata["labels"]["llmserve.io/pool"] == "tp8")
-    assert tp8.spec["terminationGracePeriodSeconds"] == 120  # explicit, above 10 + 30
+    assert tp8.spec["terminationGracePeriodSeconds"] == 420  # explicit, above 10 + 400
     gateway = next(p for p in rel.pods() if p.role == "gateway")
     # Unset drains follow maxStreamSeconds (300 by default), so a drain never cuts a stream that
     # is allowed to run.
     assert env_of(gateway.container("gateway"))["GATEWAY_DRAIN_TIMEOUT_S"] == "300"
     assert gateway.spec["terminationGracePeriodSeconds"] == 5 + 300 + 10
-    assert env_of(tp8.container("worker"))["WORKER_DRAIN_TIMEOUT_S"] == "90"
+    assert env_of(tp8.container("worker"))["WORKER_DRAIN_TIMEOUT_S"] == "400"
 
 
 def test_probes(release: Release) -> None:

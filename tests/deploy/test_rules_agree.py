@@ -158,6 +158,51 @@ def test_max_stream_seconds_is_the_gateways_total_and_bounds_every_drain(
             assert float(env_of(main)["WORKER_DRAIN_TIMEOUT_S"]) == seconds
 
 
+DRAINS = [(300, None), (300, 300), (300, 299), (300, 900), (900, 90), (120, 0), (3600, 3600)]
+
+
+@pytest.mark.parametrize(("seconds", "drain"), DRAINS)
+def test_a_gateway_drain_renders_iff_the_gateway_takes_it_beside_the_longest_stream(
+    seconds: int, drain: int | None, loaded_chart: helm_python.Chart,
+) -> None:
+    """One value bounds both: a drain shorter than maxStreamSeconds would cut streams the
+    gateway lets run, so the chart and the gateway refuse it alike; unset, it is the total."""
+    env = {"GATEWAY_TIMEOUTS__TOTAL_S": str(seconds),
+           **({"GATEWAY_DRAIN_TIMEOUT_S": str(drain)} if drain is not None else {})}
+    python = gateway_loads(env)
+    rel = both({"maxStreamSeconds": seconds, "gateway": {"drainTimeoutSeconds": drain}},
+               loaded_chart, python is not None)
+    if rel is not None:
+        assert python is not None
+        assert gateway_of(rel).drain_s == python.drain_s == (seconds if drain is None else drain)
+
+
+@pytest.mark.parametrize(("seconds", "drain"), DRAINS)
+@pytest.mark.parametrize("where", ["workerDefaults", "pool"])
+def test_a_worker_drain_below_the_longest_stream_is_refused_naming_both(
+    seconds: int, drain: int | None, where: str, loaded_chart: helm_python.Chart,
+) -> None:
+    """The workers' drain, as the gateway's: the gateway's rule (it refuses the same pair) is the
+    verdict; the worker itself does not know the gateway's total."""
+    python = gateway_loads({"GATEWAY_TIMEOUTS__TOTAL_S": str(seconds),
+                            **({"GATEWAY_DRAIN_TIMEOUT_S": str(drain)} if drain is not None
+                               else {})})
+    pool = _pool(**({"drainTimeoutSeconds": drain} if where == "pool" else {}))
+    values: dict[str, Any] = {"maxStreamSeconds": seconds, "models": [pool]}
+    if where == "workerDefaults":
+        values["workerDefaults"] = {"drainTimeoutSeconds": drain}
+    rel = both(values, loaded_chart, python is not None)
+    if rel is None:
+        with pytest.raises(helm_python.HelmError) as refused:
+            render(values, loaded=loaded_chart)
+        assert (f"drainTimeoutSeconds={drain} is shorter than maxStreamSeconds={seconds}"
+                in str(refused.value))
+        return
+    (pod,) = rel.worker_pods()
+    env = env_of(pod.container("worker"))
+    assert float(env["WORKER_DRAIN_TIMEOUT_S"]) == (seconds if drain is None else drain)
+
+
 def test_the_gateways_total_is_the_charts_to_set(loaded_chart: helm_python.Chart) -> None:
     for name in ("GATEWAY_TIMEOUTS__TOTAL_S", "GATEWAY_TIMEOUTS"):
         assert chart_renders({"gateway": {"env": {name: "60"}}}, loaded_chart) is None

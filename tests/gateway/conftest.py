@@ -124,17 +124,18 @@ def url_of(up: FakeUpstream) -> str:
 @contextlib.contextmanager
 def spawned_gateway(
     args: Sequence[str] = (), env: Mapping[str, str] | None = None, ready_path: str = "/ready",
+    main: Sequence[str] = ("-m", "gateway"),
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """`python -m gateway` as a process of its own on a free loopback port, with `args` and, if
     given, `env`'s GATEWAY_* settings in place of the test process's own; yielded once
     `ready_path` answers 200 (a start that fails raises with the gateway's stderr), killed at
-    exit. stderr is a pipe: read it after the process ended."""
+    exit. stderr is a pipe: read it after the process ended. `main`: what python runs."""
     port = free_port()
     child_env = None
     if env is not None:
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         child_env.update(env)
-    gw = subprocess.Popen([sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port",
+    gw = subprocess.Popen([sys.executable, *main, "--host", "127.0.0.1", "--port",
                            str(port), *args], cwd=REPO, env=child_env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -159,9 +160,13 @@ def spawned_gateway(
 
 
 @contextlib.contextmanager
-def gateway_process(up: FakeUpstream, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`python -m gateway` in front of `up`, ready (its backend probed up); killed at exit."""
-    with spawned_gateway(["--backend", url_of(up), "--health-interval-s", "0.2", *flags]) as gw:
+def gateway_process(
+    up: FakeUpstream, *flags: str, main: Sequence[str] = ("-m", "gateway"),
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`python -m gateway` (or `main`) in front of `up`, ready (its backend probed up); killed
+    at exit."""
+    with spawned_gateway(["--backend", url_of(up), "--health-interval-s", "0.2", *flags],
+                         main=main) as gw:
         yield gw
 
 

@@ -78,6 +78,9 @@ def test_backends_flag_forms(argv: list[str]) -> None:
     (["--flow.max-limit", "lots"], {},
      "GATEWAY_FLOW__MAX_LIMIT (--flow.max-limit): Input should be a valid integer"),
     (["--edge.probe-port", "8000"], {}, "GATEWAY_EDGE__PROBE_PORT must differ from GATEWAY_PORT"),
+    # A drain shorter than the longest request would cut streams the gateway lets run (item 2).
+    ([], {"GATEWAY_DRAIN_TIMEOUT_S": "30"},
+     "GATEWAY_DRAIN_TIMEOUT_S=30 is shorter than GATEWAY_TIMEOUTS__TOTAL_S=900"),
     (["--eject-after-failures", "0"], {},
      "GATEWAY_EJECT_AFTER_FAILURES (--eject-after-failures): Input should be greater than or equal to 1"),
     ([], {"GATEWAY_HEALTH_INTERVAL_S": "0"},

@@ -64,7 +64,7 @@ def test_bad_keys_file_is_one_line_and_a_nonzero_exit(tmp_path: Path,
 
 def test_sigterm_lets_the_inflight_stream_finish_then_exits(upstreams: UpstreamFactory) -> None:
     up = upstreams(token_delay_s=0.02)
-    with gateway_process(up, "--drain-timeout-s", "10") as (gw, url):
+    with gateway_process(up) as (gw, url):  # the drain: the longest request (900 s)
         stream = BackgroundStream(url)
         time.sleep(0.3)  # the stream is flowing (50 tokens x 20 ms)
         os.kill(gw.pid, signal.SIGTERM)
@@ -81,7 +81,9 @@ def test_drain_expiry_ends_each_open_stream_with_one_error_event(
     proper end (no [DONE], no cut connection), a whole answer still pending gets a 503, and
     nothing is logged as a traceback."""
     up = upstreams(token_delay_s=0.05)  # 400 tokens: 20 s, far past the 1 s drain
-    with gateway_process(up, "--drain-timeout-s", "1") as (gw, url):
+    # A drain shorter than the total, which the settings refuse (tests/gateway/short_drain.py).
+    with gateway_process(up, main=[str(Path(__file__).with_name("short_drain.py")), "1"]) as (
+            gw, url):
         results: list[str | BaseException] = []
 
         def stream() -> None:

@@ -44,9 +44,7 @@ def test_the_probe_port_serves_upgrade_requests_as_plain_http(gw: Gateway) -> No
 def test_the_probe_port_answers_through_the_drain() -> None:
     """The API listener closes at SIGTERM; the probe listener stays until the drain is over, so
     the kubelet reads /ready 503 (and /health 200), not a refused connection."""
-    with start_in_thread(Behaviour(token_delay_s=0.05)) as up, edge_gateway(
-        up, "--drain-timeout-s", "10",
-    ) as gw:
+    with start_in_thread(Behaviour(token_delay_s=0.05)) as up, edge_gateway(up) as gw:
         stream = BackgroundStream(gw.url, max_tokens=40)
         time.sleep(0.3)
         os.kill(gw.pid, signal.SIGTERM)

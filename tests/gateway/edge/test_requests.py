@@ -138,7 +138,7 @@ def test_upgrade_requests_are_plain_http_logged_once_and_do_not_break_the_drain(
     # POST), uvicorn logged a warning per other upgrade, and SIGTERM with an unanswered
     # WebSocket POST open crashed the shutdown, cutting the drain.
     up = upstreams(token_delay_s=0.02)
-    with gateway_process(up, "--drain-timeout-s", "10", "--log-level", "warning") as (gw, url):
+    with gateway_process(up, "--log-level", "warning") as (gw, url):
         port = int(url.rsplit(":", 1)[1])
         hello = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n"
         nowhere = b"GET /v1/nowhere HTTP/1.1\r\nhost: x\r\n"

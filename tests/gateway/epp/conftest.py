@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.envoy import Envoy
 from gateway.epp.server import EppServer
-from gateway.settings import EppSettings, GatewaySettings
+from gateway.settings import EppSettings, GatewaySettings, Timeouts
 from tests.ports import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -53,7 +53,10 @@ def run_epp(*, wait_ready: bool = True, **settings: Any) -> Iterator[RunningEpp]
     (every backend probed), unless told not to."""
     epp = settings.pop("epp", {})
     s = GatewaySettings(**{"host": "127.0.0.1", "health_interval_s": 0.2,
-                           "drain_timeout_s": 0.5, **settings,
+                           # The drain follows the longest request (timeouts.total_s),
+                           # which the EPP itself does not time.
+                           "timeouts": Timeouts(connect_s=0.5, first_byte_s=0.5, total_s=0.5),
+                           **settings,
                            "epp": EppSettings(**{"port": free_port(), "metrics_port": None,
                                                  **epp})})
     loop = asyncio.new_event_loop()

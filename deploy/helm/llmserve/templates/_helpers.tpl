@@ -159,9 +159,16 @@ an explicit false, 0 or "" in `over` wins: a pool can turn off what the defaults
 {{- if kindIs "invalid" .Values.workerDefaults.port -}}{{- include "llmserve.default.workerPort" . -}}{{- else -}}{{- int .Values.workerDefaults.port -}}{{- end -}}
 {{- end -}}
 
-{{/* A drain timeout: the explicit value, or the release's maxStreamSeconds. (dict "root" $ "value" x) */}}
+{{/* A drain timeout: the explicit value, or the release's maxStreamSeconds; an explicit value
+below maxStreamSeconds is refused, since a drain that short cuts streams the gateway lets run.
+The gateway refuses the same pair (GATEWAY_DRAIN_TIMEOUT_S under GATEWAY_TIMEOUTS__TOTAL_S).
+(dict "root" $ "value" x "where" "gateway.drainTimeoutSeconds") */}}
 {{- define "llmserve.drainSeconds" -}}
-{{- if kindIs "invalid" .value -}}{{- int .root.Values.maxStreamSeconds -}}{{- else -}}{{- int .value -}}{{- end -}}
+{{- $longest := int .root.Values.maxStreamSeconds -}}
+{{- if kindIs "invalid" .value -}}{{- $longest -}}
+{{- else if lt (int .value) $longest -}}
+{{- fail (printf "%s=%d is shorter than maxStreamSeconds=%d: a drain would cut streams the gateway lets run (raise it, or lower maxStreamSeconds)" .where (int .value) $longest) -}}
+{{- else -}}{{- int .value -}}{{- end -}}
 {{- end -}}
 
 {{- define "llmserve.preStopSleep" -}}

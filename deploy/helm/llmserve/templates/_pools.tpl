@@ -50,7 +50,7 @@ worker/rules.py, refuses a pipelineParallelSize that is not a multiple of multiN
 {{- if and $m.kvEventsPort (or (eq (int $m.kvEventsPort) (int $m.port)) (eq (add1 (int $m.kvEventsPort)) (int $m.port))) -}}
 {{- fail (printf "%s: workerDefaults.kvEventsPort=%d (and the next port, its replay socket) collides with workerDefaults.port" $where (int $m.kvEventsPort)) -}}
 {{- end -}}
-{{- $_ := set $m "drainTimeoutSeconds" (include "llmserve.drainSeconds" (dict "root" $root "value" $m.drainTimeoutSeconds) | int) -}}
+{{- $_ := set $m "drainTimeoutSeconds" (include "llmserve.drainSeconds" (dict "root" $root "value" $m.drainTimeoutSeconds "where" (printf "%s: drainTimeoutSeconds" $where)) | int) -}}
 {{- $tp := $m.tensorParallelSize -}}
 {{- $pp := $m.pipelineParallelSize -}}
 {{- $nodes := 1 -}}

@@ -137,7 +137,7 @@ GATEWAY_KV__TOKENIZERS) finds every replica's KV cache events. */}}
   value: {{ . | int | toString | quote }}
 {{- end }}
 - name: GATEWAY_DRAIN_TIMEOUT_S
-  value: {{ include "llmserve.drainSeconds" (dict "root" . "value" $g.drainTimeoutSeconds) | quote }}
+  value: {{ include "llmserve.drainSeconds" (dict "root" . "value" $g.drainTimeoutSeconds "where" "gateway.drainTimeoutSeconds") | quote }}
 {{- if $g.apiKeys.enabled }}
 - name: GATEWAY_API_KEYS_FILE
   value: {{ printf "/etc/llmserve/api-keys/%s" $g.apiKeys.secretKey | quote }}
