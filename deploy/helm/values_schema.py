@@ -22,7 +22,7 @@ from typing import Any
 
 # Run as a script from anywhere (the project's virtualenv: gateway/settings.py needs pydantic).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gateway.flow.keys import KeyEntry
+from gateway.flow.keys import SHARED_BY_TENANT, KeyEntry
 from gateway.settings import (
     WAKE_BUDGET_MAX_S,
     EdgeSettings,
@@ -659,6 +659,9 @@ TEMPLATE_RULES = {
     "llmserve.wakeBudgetMax": WAKE_BUDGET_MAX_S,
     "llmserve.default.masterPort": WorkerSettings.model_fields["master_port"].default,
     "llmserve.default.workerPort": WorkerSettings.model_fields["port"].default,
+    # What a tenant's keys must agree on, and the one default among them.
+    "llmserve.keys.shared": " ".join(SHARED_BY_TENANT),
+    "llmserve.keys.defaultWeight": KeyEntry.model_fields["weight"].default,
 }
 
 

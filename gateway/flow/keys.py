@@ -84,8 +84,9 @@ class ApiKey:
         return f"ApiKey(tenant={self.tenant!r})"
 
 
-# What the keys of one tenant share (tenants.py): one value per tenant.
-_SHARED = ("rpm", "tpm", "priority", "max_priority", "weight")
+# What the keys of one tenant share (tenants.py): one value per tenant. The chart checks the same
+# (templates/gateway/secret-api-keys.yaml, through the generated _rules.tpl).
+SHARED_BY_TENANT = ("rpm", "tpm", "priority", "max_priority", "weight")
 
 
 def hash_key(key: str) -> str:
@@ -105,7 +106,7 @@ class KeyStore:
                     f"{k.tenant!r} list the same key hash")
             self._by_digest[k.digest] = k
             other = first.setdefault(k.tenant, k)
-            differ = [f for f in _SHARED if getattr(k, f) != getattr(other, f)]
+            differ = [f for f in SHARED_BY_TENANT if getattr(k, f) != getattr(other, f)]
             if differ:
                 raise KeyFileError(
                     f"GATEWAY_API_KEYS_FILE: the keys of tenant {k.tenant!r} differ in "

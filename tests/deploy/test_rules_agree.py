@@ -403,3 +403,45 @@ def test_an_admin_key_from_a_secret_or_a_digest_not_both(
         names = {e["name"] for e in pod.container("gateway")["env"]}
         assert ("GATEWAY_ADMIN_KEY" in names) is bool(secret)
         assert ("GATEWAY_ADMIN_KEY_SHA256" in names) is bool(digest)
+
+
+# --- a keys file's entries together: one key per tenant line, a tenant's keys share its limits ----
+
+OTHER = "cd" * 32
+PAIRS = [
+    ({}, {}),
+    ({"rpm": 60}, {"rpm": 60}),
+    ({"rpm": 60}, {}),
+    ({"rpm": None}, {}),
+    ({"tpm": None, "priority": None}, {"max_priority": None}),
+    ({"weight": 1}, {}),
+    ({"weight": 1.0}, {"weight": 1}),
+    ({"weight": 2}, {"weight": 2.0}),
+    ({"priority": "high"}, {"priority": "low"}),
+    ({"max_priority": "high"}, {}),
+    ({"tenant": "beta"}, {"rpm": 5}),
+    ({"sha256": DIGEST}, {}),
+    ({"sha256": DIGEST, "tenant": "beta"}, {}),
+    ({"sha256": DIGEST.upper()}, {}),
+]
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS, ids=[json.dumps(p) for p in PAIRS])
+def test_two_keys_render_iff_the_gateway_loads_them_together(
+    first: dict[str, Any], second: dict[str, Any], tmp_path: Path,
+    loaded_chart: helm_python.Chart,
+) -> None:
+    keys = [{"tenant": "acme", "sha256": OTHER, **first}, {"tenant": "acme", "sha256": DIGEST,
+                                                           **second}]
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": keys}), encoding="utf-8")
+    try:
+        load_keys(path)
+        python = True
+    except KeyFileError:
+        python = False
+    rel = both({"gateway": {"apiKeys": {"enabled": True, "keys": keys}}}, loaded_chart, python)
+    if rel is not None:
+        (secret,) = [s for s in rel.of_kind("Secret") if "api-keys" in s["metadata"]["name"]]
+        path.write_text(secret["stringData"]["api-keys.json"], encoding="utf-8")
+        assert len(load_keys(path).tenants()) == 2

@@ -2,3 +2,5 @@
 {{- define "llmserve.wakeBudgetMax" -}}3600{{- end -}}
 {{- define "llmserve.default.masterPort" -}}29500{{- end -}}
 {{- define "llmserve.default.workerPort" -}}8000{{- end -}}
+{{- define "llmserve.keys.shared" -}}rpm tpm priority max_priority weight{{- end -}}
+{{- define "llmserve.keys.defaultWeight" -}}1.0{{- end -}}
