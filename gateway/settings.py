@@ -21,6 +21,9 @@ from worker.rules import ENGINE_PORT
 DEFAULT_WAKE_BUDGET_S = 300.0
 WAKE_BUDGET_MAX_S = 3600
 
+# A key's SHA-256 as hex, as the keys file and GATEWAY_ADMIN_KEY_SHA256 give it (either case).
+SHA256_HEX = r"^[A-Fa-f0-9]{64}$"
+
 # Request priorities, highest first (a key's priority, x-llmserve-priority, the flow's default).
 Priority = Literal["high", "normal", "low"]
 
@@ -446,7 +449,7 @@ class GatewaySettings(BaseSettings):
                           "admin_key_sha256: no admin API",
     )
     admin_key_sha256: str | None = Field(
-        None, pattern="^[0-9a-fA-F]{64}$",
+        None, pattern=SHA256_HEX,
         description="the admin key's SHA-256 (hex) instead of the key itself, so the "
                     "configuration holds no working key: printf %s KEY | sha256sum",
     )

@@ -21,13 +21,11 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gateway.settings import Priority
+from gateway.settings import SHA256_HEX, Priority
 from model_store.cli_error import EXIT_USAGE, error_line
 
 # Queue classes: lower is served first (Priority's names, in that order).
 PRIORITY_CLASS: dict[str, int] = {name: i for i, name in enumerate(get_args(Priority))}
-# A key's digest as the file holds it (surrounding blanks and upper case are forgiven).
-SHA256_HEX = r"^[A-Fa-f0-9]{64}$"
 
 
 class KeyFileError(ValueError):

@@ -70,3 +70,14 @@ def test_hash_cli() -> None:
     out = subprocess.run([sys.executable, "-m", "gateway.flow.keys"], input="sk-x\n",
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == hash_key("sk-x")
+
+
+def test_a_key_digest_and_the_admin_digest_are_one_rule() -> None:
+    """The keys file's sha256 and GATEWAY_ADMIN_KEY_SHA256 take the same 64 hex characters (in
+    either case), from one pattern in gateway/settings.py (issue 37, item 3)."""
+    from gateway.settings import SHA256_HEX, GatewaySettings
+
+    admin = GatewaySettings.model_json_schema()["properties"]["admin_key_sha256"]
+    assert {"type": "string", "pattern": SHA256_HEX} in admin["anyOf"]
+    for digest in ("ab" * 32, "AB" * 32):
+        assert GatewaySettings(admin_key_sha256=digest).admin_digest == bytes.fromhex(digest)
