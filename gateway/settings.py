@@ -543,6 +543,9 @@ class GatewaySettings(BaseSettings):
                 "requests the gateway lets run (raise it, or lower the total)")
         if self.edge.probe_port == self.port:
             raise ValueError("GATEWAY_EDGE__PROBE_PORT must differ from GATEWAY_PORT")
+        if self.mode == "epp" and self.epp.port in (self.port, self.epp.metrics_port):
+            raise ValueError("GATEWAY_EPP__PORT must differ from GATEWAY_PORT and "
+                             "GATEWAY_EPP__METRICS_PORT")
         names = [p.name for p in self.pools]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:

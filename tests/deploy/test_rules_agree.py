@@ -257,6 +257,24 @@ def test_gateway_ports_render_iff_the_gateway_takes_them(
         assert (settings.port, settings.edge.probe_port) == (port, probe)
 
 
+@pytest.mark.parametrize(("port", "probe", "epp"), [
+    (8000, 8081, 9002), (8000, 8081, 8081), (8000, 8081, 8000), (9002, 8081, 9003),
+])
+def test_epp_ports_render_iff_the_gateway_takes_them(
+    port: int, probe: int, epp: int, loaded_chart: helm_python.Chart,
+) -> None:
+    """mode=epp: the chart serves the EPP's /metrics on the probe port."""
+    python = gateway_loads({"GATEWAY_MODE": "epp", "GATEWAY_PORT": str(port),
+                            "GATEWAY_EDGE__PROBE_PORT": str(probe),
+                            "GATEWAY_EPP__PORT": str(epp), "GATEWAY_EPP__METRICS_PORT": str(probe)})
+    rel = both({"gateway": {"mode": "epp", "port": port, "probePort": probe, "eppPort": epp},
+                "gatewayAPI": {"inferencePools": {"enabled": True}}},
+               loaded_chart, python is not None)
+    if rel is not None:
+        settings = gateway_of(rel)
+        assert (settings.epp.port, settings.epp.metrics_port) == (epp, probe)
+
+
 def _worker_loads(env: Mapping[str, str]) -> WorkerSettings | None:
     with _environ(env):
         try:

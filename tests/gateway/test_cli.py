@@ -78,6 +78,8 @@ def test_backends_flag_forms(argv: list[str]) -> None:
     (["--flow.max-limit", "lots"], {},
      "GATEWAY_FLOW__MAX_LIMIT (--flow.max-limit): Input should be a valid integer"),
     (["--edge.probe-port", "8000"], {}, "GATEWAY_EDGE__PROBE_PORT must differ from GATEWAY_PORT"),
+    (["--mode", "epp", "--epp.port", "9090"], {},
+     "GATEWAY_EPP__PORT must differ from GATEWAY_PORT and GATEWAY_EPP__METRICS_PORT"),
     # A drain shorter than the longest request would cut streams the gateway lets run (item 2).
     ([], {"GATEWAY_DRAIN_TIMEOUT_S": "30"},
      "GATEWAY_DRAIN_TIMEOUT_S=30 is shorter than GATEWAY_TIMEOUTS__TOTAL_S=900"),
