@@ -263,12 +263,13 @@ def test_gateway_ports_render_iff_the_gateway_takes_them(
 def test_epp_ports_render_iff_the_gateway_takes_them(
     port: int, probe: int, epp: int, loaded_chart: helm_python.Chart,
 ) -> None:
-    """mode=epp: the chart serves the EPP's /metrics on the probe port."""
+    """mode=epp (one endpoint picker per pool): the chart serves the EPP's /metrics on the probe
+    port."""
     python = gateway_loads({"GATEWAY_MODE": "epp", "GATEWAY_PORT": str(port),
                             "GATEWAY_EDGE__PROBE_PORT": str(probe),
                             "GATEWAY_EPP__PORT": str(epp), "GATEWAY_EPP__METRICS_PORT": str(probe)})
     rel = both({"gateway": {"mode": "epp", "port": port, "probePort": probe, "eppPort": epp},
-                "gatewayAPI": {"inferencePools": {"enabled": True}}},
+                "gatewayAPI": {"inferencePools": {"enabled": True}}, "models": [_pool()]},
                loaded_chart, python is not None)
     if rel is not None:
         settings = gateway_of(rel)
