@@ -205,10 +205,12 @@ def open_loop(engine: Engine, flow: FlowSettings | None, rate: float, duration_s
 
 
 def closed_loop(engine: Engine, flow: FlowSettings | None, users: int, think_s: float,
-                duration_s: float, seed: int = 1, burst: bool = True) -> Run:
+                duration_s: float, seed: int = 1, start_s: float = 0.0) -> Run:
     """`users` clients, each sending its next request `think_s` (exponential, that mean) after its
-    last one was answered or refused, for `duration_s`. `burst`: all of them send their first
-    request at once (a cold gateway meets the whole load); otherwise spread over `think_s`."""
+    last one was answered or refused, for `duration_s`. Their first requests are spread
+    uniformly over `start_s`: 0 for all at once (a cold gateway meets the whole load in one
+    instant), tens of milliseconds for a load generator's connections reaching it one by one,
+    `think_s` for users already in their rhythm."""
 
     async def main() -> Run:
         gw = _Gateway(engine, flow)
@@ -217,7 +219,7 @@ def closed_loop(engine: Engine, flow: FlowSettings | None, users: int, think_s: 
         run = Run(duration_s=duration_s)
 
         async def user() -> None:
-            await asyncio.sleep(0.0 if burst else rng.uniform(0.0, think_s))
+            await asyncio.sleep(rng.uniform(0.0, start_s) if start_s else 0.0)
             while loop.time() < duration_s:
                 out = Outcome(sent=loop.time(), status=200)
                 run.outcomes.append(out)
