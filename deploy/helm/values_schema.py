@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 # Run as a script from anywhere (the project's virtualenv: gateway/settings.py needs pydantic).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gateway.flow.keys import SHARED_BY_TENANT, KeyEntry
@@ -654,6 +656,18 @@ def render() -> str:
     return json.dumps(SCHEMA, indent=2) + "\n"
 
 
+def env_names(model: Any, prefix: str) -> list[str]:
+    """Every environment variable a settings class reads: each field, and each field of a nested
+    group (the group's own name takes it whole, as JSON)."""
+    out: list[str] = []
+    for name, info in model.model_fields.items():
+        out.append(f"{prefix}{name.upper()}")
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            out += env_names(kind, f"{prefix}{name.upper()}__")
+    return out
+
+
 # Numbers the templates use, from the Python that enforces them.
 TEMPLATE_RULES = {
     "llmserve.wakeBudgetMax": WAKE_BUDGET_MAX_S,
@@ -662,6 +676,8 @@ TEMPLATE_RULES = {
     # What a tenant's keys must agree on, and the one default among them.
     "llmserve.keys.shared": " ".join(SHARED_BY_TENANT),
     "llmserve.keys.defaultWeight": KeyEntry.model_fields["weight"].default,
+    # What gateway.env may name: the gateway ignores an unknown GATEWAY_* variable.
+    "llmserve.gateway.settings": " ".join(env_names(GatewaySettings, "GATEWAY_")),
 }
 
 

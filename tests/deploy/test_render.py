@@ -316,6 +316,33 @@ TEMPLATE_REJECTS: dict[str, tuple[dict[str, Any], str]] = {
         _models(_pool(terminationGracePeriodSeconds=30)),
         "terminationGracePeriodSeconds=30 is shorter than",
     ),
+    # Values the chart would otherwise accept and ignore (issue 37, item 7).
+    "wake budget with autoscaling off": (
+        _models(_pool(autoscaling={"enabled": False, "minReplicas": 0,
+                                   "wakeBudgetSeconds": 600})),
+        "models[p].autoscaling.wakeBudgetSeconds is set but autoscaling.enabled is false",
+    ),
+    "adapters with lora.enabled false": (
+        _models(_pool(lora={"enabled": False,
+                            "adapters": [{"name": "a", "s3": "s3://models/ad/a"}]})),
+        "models[p].lora.enabled is false but lora.adapters lists 1",
+    ),
+    "maxLoras with LoRA off": (
+        _models(_pool(lora={"maxLoras": 4})),
+        "models[p].lora.maxLoras is set but LoRA is off",
+    ),
+    "maxLoraRank with LoRA off": (
+        _models(_pool(lora={"enabled": False, "maxLoraRank": 16})),
+        "models[p].lora.maxLoraRank is set but LoRA is off",
+    ),
+    "runtimeUpdates with LoRA off": (
+        _models(_pool(lora={"runtimeUpdates": False})),
+        "models[p].lora.runtimeUpdates is set but LoRA is off",
+    ),
+    "gateway.env naming no setting": (
+        {"gateway": {"env": {"GATEWAY_RETRYS": "2"}}},
+        "gateway.env.GATEWAY_RETRYS is not a gateway setting",
+    ),
     "api keys with no keys": (
         {"gateway": {"apiKeys": {"enabled": True}}},
         "gateway.apiKeys.enabled needs",

@@ -203,6 +203,47 @@ def test_a_worker_drain_below_the_longest_stream_is_refused_naming_both(
     assert float(env["WORKER_DRAIN_TIMEOUT_S"]) == (seconds if drain is None else drain)
 
 
+def _gateway_env_names() -> list[str]:
+    rules_tpl = (REPO / "deploy/helm/llmserve/templates/_rules.tpl").read_text()
+    (line,) = [x for x in rules_tpl.splitlines() if '"llmserve.gateway.settings"' in x]
+    return line.split("-}}")[1].split("{{-")[0].split()
+
+
+def test_gateway_env_takes_exactly_the_gateways_settings(loaded_chart: helm_python.Chart) -> None:
+    """gateway.env names what the gateway reads (every setting, a nested group whole or field by
+    field), and nothing else: pydantic-settings ignores an unknown GATEWAY_* variable, so a typo
+    would be dropped in silence (issue 37, item 7)."""
+    names = _gateway_env_names()
+    managed = (REPO / "deploy/helm/llmserve/templates/gateway/_env.tpl").read_text().split(
+        '"llmserve.gateway.managedEnv" -}}\n')[1].split("\n")[0].split()
+    assert set(managed) <= set(names), set(managed) - set(names)
+    free = [n for n in names if n not in managed]
+    settings = GatewaySettings()
+    for name in free:
+        # The setting's current value, as a string the gateway reads back.
+        path = name.removeprefix("GATEWAY_").lower().split("__")
+        value: Any = settings
+        for part in path:
+            value = getattr(value, part)
+        if value is None:
+            continue
+        if hasattr(value, "model_dump_json"):
+            text = value.model_dump_json()
+        elif isinstance(value, (list, dict)):
+            text = json.dumps(value)
+        else:
+            text = str(value)
+        rel = both({"gateway": {"env": {name: text}}}, loaded_chart,
+                   gateway_loads({name: text}) is not None)
+        assert rel is not None, name
+    for typo in ("GATEWAY_RETRYS", "GATEWAY_TIMEOUT__TOTAL_S"):
+        assert gateway_loads({typo: "1"}) is not None  # the gateway would not notice
+        assert chart_renders({"gateway": {"env": {typo: "1"}}}, loaded_chart) is None, typo
+    # A nested group forbids unknown fields: both refuse.
+    both({"gateway": {"env": {"GATEWAY_FLOW__MAX_LIMITS": "1"}}}, loaded_chart,
+         gateway_loads({"GATEWAY_FLOW__MAX_LIMITS": "1"}) is not None)
+
+
 def test_the_gateways_total_is_the_charts_to_set(loaded_chart: helm_python.Chart) -> None:
     for name in ("GATEWAY_TIMEOUTS__TOTAL_S", "GATEWAY_TIMEOUTS"):
         assert chart_renders({"gateway": {"env": {name: "60"}}}, loaded_chart) is None

@@ -32,6 +32,17 @@ as the worker's own default; the gateway gets the same number per served model
 {{- if and $l.enabled (not $adapters) (not (or $admin.existingSecret $admin.sha256)) -}}
 {{- fail (printf "models[%s].lora.enabled lists no adapter and gateway.adminKey is unset: adapters are added at run time through the admin API, which is off without a key" $m.name) -}}
 {{- end -}}
+{{- /* Values LoRA-off would ignore: refused rather than dropped. */ -}}
+{{- if and (hasKey $l "enabled") (not $l.enabled) $adapters -}}
+{{- fail (printf "models[%s].lora.enabled is false but lora.adapters lists %d: adapters turn LoRA on; remove them or the false" $m.name (len $adapters)) -}}
+{{- end -}}
+{{- if not (or $l.enabled $adapters) -}}
+{{- range $key := list "maxLoras" "maxLoraRank" "runtimeUpdates" -}}
+{{- if and (hasKey $l $key) (not (kindIs "invalid" (get $l $key))) -}}
+{{- fail (printf "models[%s].lora.%s is set but LoRA is off (no lora.enabled, no lora.adapters)" $m.name $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $maxLoras := $l.maxLoras | default (max 1 (len $adapters)) -}}
 {{- $runtime := ternary true $l.runtimeUpdates (not (hasKey $l "runtimeUpdates")) -}}
 {{- toYaml (dict "enabled" (or $l.enabled (gt (len $adapters) 0)) "adapters" $adapters "maxLoras" (int $maxLoras) "maxLoraRank" $l.maxLoraRank "runtimeUpdates" $runtime) -}}

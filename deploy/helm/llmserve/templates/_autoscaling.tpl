@@ -30,6 +30,9 @@ One pool's autoscaling, normalised and checked. (dict "root" $ "m" <normalised p
 {{- $startup := mul (int $m.startupProbe.periodSeconds) (int $m.startupProbe.failureThreshold) -}}
 {{- $_ := set $a "startupSeconds" $startup -}}
 {{- $_ := set $a "scaleToZero" (and $a.enabled (eq $min 0)) -}}
+{{- if and (not $a.enabled) (not (kindIs "invalid" $a.wakeBudgetSeconds)) -}}
+{{- fail (printf "%s.wakeBudgetSeconds is set but autoscaling.enabled is false: only a pool at zero makes requests wait for a replica" $where) -}}
+{{- end -}}
 {{- if $a.enabled -}}
 {{- if lt $max $min -}}
 {{- fail (printf "%s: maxReplicas=%d is below minReplicas=%d" $where $max $min) -}}

@@ -181,9 +181,13 @@ the admin API's key (adding adapters at run time) from a Secret, or only its dig
   value: {{ $admin.sha256 | lower | quote }}
 {{- end }}
 {{- $managed := splitList " " (include "llmserve.gateway.managedEnv" .) }}
+{{- $known := splitList " " (include "llmserve.gateway.settings" .) }}
 {{- range $name, $value := $g.env }}
 {{- if has $name $managed }}
 {{- fail (printf "gateway.env.%s is managed by the chart; set it through the gateway.* values" $name) }}
+{{- end }}
+{{- if not (has $name $known) }}
+{{- fail (printf "gateway.env.%s is not a gateway setting (the gateway would ignore it; docs/settings.md lists them)" $name) }}
 {{- end }}
 - name: {{ $name }}
   value: {{ $value | toString | quote }}
