@@ -29,12 +29,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PERCENTILES = (50, 90, 99)
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
+# A bound: a positive decimal number of milliseconds. The chart's schema takes the whole `--slo`
+# pattern from here (deploy/helm/values_schema.py).
+SLO_MS = r"0*[1-9][0-9]*(\.[0-9]*)?|0*\.0*[1-9][0-9]*"
+SLO_PATTERN = "^(" + "|".join(SLO_KEYS) + ")=(" + SLO_MS + ")$"
 
 
 @dataclass
@@ -191,12 +196,10 @@ def parse_slos(items: Iterable[str]) -> dict[str, float]:
         key, sep, value = item.partition("=")
         if not sep or key not in SLO_KEYS:
             raise ValueError(f"--slo {item!r}: expected one of {', '.join(SLO_KEYS)} as KEY=MS")
-        try:
-            slos[key] = float(value)
-        except ValueError:
-            raise ValueError(f"--slo {item!r}: {value!r} is not a number of milliseconds") from None
-        if slos[key] <= 0:
-            raise ValueError(f"--slo {item!r}: the bound must be positive")
+        if not re.fullmatch(SLO_MS, value):
+            raise ValueError(f"--slo {item!r}: {value!r} is not a positive number of "
+                             "milliseconds (digits, one optional '.')")
+        slos[key] = float(value)
     return slos
 
 

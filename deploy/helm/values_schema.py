@@ -31,6 +31,8 @@ from gateway.settings import (
     GatewaySettings,
     Timeouts,
 )
+from loadtest.metrics import SLO_PATTERN
+from loadtest.workloads import WORKLOADS
 from model_store import adapter, s3url
 from worker import rules
 from worker.settings import WorkerSettings
@@ -599,8 +601,9 @@ SCHEMA: dict[str, Any] = {
                 "rate": s(pattern=r"^([0-9.]+(,[0-9.]+)*)?$"),
                 "duration": s(pattern=r"^[0-9]+(s|m|h)?$"),
                 "rounds": i(1, maximum=20),
-                "workload": s(enum=["chat", "long-prompt", "long-output", "shared-prefix"]),
-                "slos": {"type": "array", "items": s(pattern=r"^(ttft_ms|tpot_ms|e2el_ms)=")},
+                # The tool's own workloads and SLO keys (loadtest/), a bound in positive ms.
+                "workload": s(enum=list(WORKLOADS)),
+                "slos": {"type": "array", "items": s(pattern=SLO_PATTERN)},
                 "wait": s(pattern=r"^[0-9]+(s|m|h)?$"),
                 "extraArgs": {"type": "array", "items": s()},
                 "apiKeySecret": obj({"name": s(), "key": s()}),

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import helm_python
 import pytest
 
 from loadtest.settings import settings_from_args
+from loadtest.workloads import WORKLOADS
 from tests.deploy.manifests import TEST_REGISTRY, render, selector_matches
 
 pytestmark = pytest.mark.helm
@@ -91,3 +93,33 @@ def test_restricted_gateway_ingress_lets_the_job_in(render_case: Any) -> None:
 def test_bad_settings_are_refused(compare: dict[str, Any], message: str) -> None:
     with pytest.raises(Exception, match=message):
         render({"compare": {"enabled": True, **compare}})
+
+
+@pytest.mark.parametrize("slo", [
+    "ttft_ms=800", "tpot_ms=50.5", "e2el_ms=.5", "ttft_ms=10.", "ttft_ms=007", "ttft_ms=0",
+    "ttft_ms=0.0", "ttft_ms=-5", "ttft_ms=1e3", "ttft_ms=inf", "ttft_ms=nan", "ttft_ms= 5",
+    "ttft_ms=", "ttft=800", "TTFT_MS=800", "ttft_ms=800ms",
+])
+@pytest.mark.parametrize("workload", [*WORKLOADS, "huge", "Chat"])
+def test_an_slo_and_a_workload_render_iff_the_tool_takes_them(slo: str, workload: str) -> None:
+    """The chart's schema takes its SLO pattern and workloads from loadtest/, so the Job never
+    starts with flags its tool refuses (issue 37, item 3: one rule, one home)."""
+    # The Job's own command line, as the chart renders it for good values, with these two.
+    flags = _job_args(render({"compare": {"enabled": True, "targets": ["tp=a", "pp=b"],
+                                          "slos": ["ttft_ms=1"], "workload": "chat"}}))
+    flags[flags.index("--slo") + 1] = slo
+    flags[flags.index("--workload") + 1] = workload
+    try:
+        settings_from_args(flags[1:])
+        tool = True
+    except SystemExit:
+        tool = False
+    try:
+        rel = render({"compare": {"enabled": True, "targets": ["tp=a", "pp=b"], "slos": [slo],
+                                  "workload": workload}})
+    except helm_python.HelmError:
+        rel = None
+    assert (rel is not None) is tool, (slo, workload)
+    if rel is not None:
+        args = _job_args(rel)
+        assert args[args.index("--slo") + 1] == slo
