@@ -448,6 +448,21 @@ def test_the_engine_port_is_stated_once(loaded_chart: helm_python.Chart) -> None
     assert [p["port"] for p in service["spec"]["ports"]] == [rules.ENGINE_PORT]
 
 
+def test_no_preset_restates_a_default_the_chart_takes_from_the_python() -> None:
+    """The worker's port and the master port come from worker/settings.py through _rules.tpl; a
+    preset that writes the same number is a second home that would not follow a change."""
+    defaults = {"port": WorkerSettings.model_fields["port"].default,
+                "masterPort": WorkerSettings.model_fields["master_port"].default}
+    for path in sorted((REPO / "deploy/helm/llmserve").glob("values*.yaml")):
+        values = yaml.safe_load(path.read_text()) or {}
+        restated = [k for k, v in (values.get("workerDefaults") or {}).items()
+                    if k in defaults and defaults[k] == v]
+        for pool in values.get("models") or []:
+            restated += [k for k, v in (pool.get("multiNode") or {}).items()
+                         if k in defaults and defaults[k] == v]
+        assert not restated, (path.name, restated)
+
+
 @pytest.mark.parametrize(("secret", "digest"), [("admin", ""), ("", DIGEST), ("admin", DIGEST)])
 def test_an_admin_key_from_a_secret_or_a_digest_not_both(
     secret: str, digest: str, loaded_chart: helm_python.Chart,

@@ -122,7 +122,8 @@ def test_rendered_worker_env_gives_the_intended_vllm_command(
                 assert got["--nnodes"] == str(multi["nodes"])
                 assert got["--node-rank"] == str(rank)
                 assert got["--master-addr"] == f"{lws}-0.{lws}.{NAMESPACE}"
-                assert got["--master-port"] == str(multi.get("masterPort", 29500))
+                default = WorkerSettings.model_fields["master_port"].default
+                assert got["--master-port"] == str(multi.get("masterPort", default))
             else:
                 assert not {"--nnodes", "--node-rank", "--master-addr"} & set(got)
             if rank == 0:
