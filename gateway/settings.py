@@ -473,7 +473,8 @@ class GatewaySettings(BaseSettings):
         description='worker pools: layouts for llmserve_pool_info and /v1/models, and which '
         'may scale to zero, JSON: [{"name": "tp", "model": "m", "tp": 2, "pp": 1, "nodes": 1, '
         '"scale_to_zero": false, "wake_budget_s": 300}]')
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="the gateway's log level (uvicorn's access log is off)")
 
     @field_validator("backends", mode="before")
     @classmethod

@@ -42,3 +42,7 @@ def test_every_setting_is_on_the_page(model: type, prefix: str, examples: dict[s
     assert all(any(r == t or r.startswith(t + "__") for r in rows) for t in top)
     for env, default in examples.items():
         assert rows[env] == default
+    # Each says what it is for (issue 37, item 17: a setting nobody sets is documented).
+    meaning = {line.split("`")[1]: line.rsplit("|", 2)[1].strip() for line in page.splitlines()
+               if line.startswith(f"| `{prefix}")}
+    assert not [env for env, text in meaning.items() if not text]
