@@ -21,7 +21,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gateway.flow.keys import KeyFileError, load_keys
+from gateway.flow.keys import KeyFileError, KeyStore, load_keys
 from gateway.settings import ADMIN_KEY_MIN, GatewaySettings, declared_adapters, wake_budgets
 from model_store.errors import UsageError
 from model_store.s3url import S3Url
@@ -262,11 +262,10 @@ KEYS = [
 ]
 
 
-@pytest.mark.parametrize("entry", KEYS, ids=[json.dumps(k) for k in KEYS])
-def test_a_key_entry_renders_iff_the_gateway_loads_the_keys_file(
-    entry: dict[str, Any], tmp_path: Path, loaded_chart: helm_python.Chart,
-) -> None:
-    keys = [{"tenant": "acme", "sha256": DIGEST, **entry}]
+def keys_agree(keys: list[dict[str, Any]], tmp_path: Path,
+               chart: helm_python.Chart) -> KeyStore | None:
+    """Assert the chart renders `keys` exactly when the gateway loads them as its keys file; the
+    keys the gateway loads from the chart's Secret, if rendered."""
     path = tmp_path / "keys.json"
     path.write_text(json.dumps({"keys": keys}), encoding="utf-8")
     try:
@@ -274,11 +273,22 @@ def test_a_key_entry_renders_iff_the_gateway_loads_the_keys_file(
         python = True
     except KeyFileError:
         python = False
-    rel = both({"gateway": {"apiKeys": {"enabled": True, "keys": keys}}}, loaded_chart, python)
-    if rel is not None:
-        (secret,) = [s for s in rel.of_kind("Secret") if "api-keys" in s["metadata"]["name"]]
-        path.write_text(secret["stringData"]["api-keys.json"], encoding="utf-8")
-        (key,) = load_keys(path).tenants()
+    rel = both({"gateway": {"apiKeys": {"enabled": True, "keys": keys}}}, chart, python)
+    if rel is None:
+        return None
+    (secret,) = [s for s in rel.of_kind("Secret") if "api-keys" in s["metadata"]["name"]]
+    path.write_text(secret["stringData"]["api-keys.json"], encoding="utf-8")
+    return load_keys(path)
+
+
+@pytest.mark.parametrize("entry", KEYS, ids=[json.dumps(k) for k in KEYS])
+def test_a_key_entry_renders_iff_the_gateway_loads_the_keys_file(
+    entry: dict[str, Any], tmp_path: Path, loaded_chart: helm_python.Chart,
+) -> None:
+    keys = [{"tenant": "acme", "sha256": DIGEST, **entry}]
+    loaded = keys_agree(keys, tmp_path, loaded_chart)
+    if loaded is not None:
+        (key,) = loaded.tenants()
         assert key.tenant == keys[0]["tenant"]
 
 
@@ -508,15 +518,6 @@ def test_two_keys_render_iff_the_gateway_loads_them_together(
 ) -> None:
     keys = [{"tenant": "acme", "sha256": OTHER, **first}, {"tenant": "acme", "sha256": DIGEST,
                                                            **second}]
-    path = tmp_path / "keys.json"
-    path.write_text(json.dumps({"keys": keys}), encoding="utf-8")
-    try:
-        load_keys(path)
-        python = True
-    except KeyFileError:
-        python = False
-    rel = both({"gateway": {"apiKeys": {"enabled": True, "keys": keys}}}, loaded_chart, python)
-    if rel is not None:
-        (secret,) = [s for s in rel.of_kind("Secret") if "api-keys" in s["metadata"]["name"]]
-        path.write_text(secret["stringData"]["api-keys.json"], encoding="utf-8")
-        assert len(load_keys(path).tenants()) == 2
+    loaded = keys_agree(keys, tmp_path, loaded_chart)
+    if loaded is not None:
+        assert len(loaded.tenants()) == 2
