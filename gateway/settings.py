@@ -403,6 +403,13 @@ class GatewaySettings(BaseSettings):
     k8s_service: str | None = Field(None, description="worker Service name (discovery=kubernetes)")
     k8s_port: int = Field(
         ENGINE_PORT, ge=1, le=65535, description="backend port (discovery=kubernetes)")
+    k8s_watch_timeout_s: int = Field(
+        60, ge=1, description="discovery=kubernetes or inferencepool: how long one watch of the "
+        "API server runs before the discovery lists again (a changed InferencePool takes effect "
+        "within it)")
+    k8s_retry_s: float = Field(
+        2.0, gt=0, description="discovery=kubernetes or inferencepool: the wait before asking "
+        "the API server again after it failed")
 
     routing_policy: PolicyName = Field(
         "prefix_affinity",

@@ -59,6 +59,7 @@ class FakeApi:
         self.watches: list[list[dict[str, Any]]] = []
         self.selectors: list[str] = []
         self.calls: list[tuple[str, str, str, str]] = []
+        self.watch_timeouts: list[str] = []  # each watch's timeoutSeconds, as sent
         self.lock = threading.Lock()
 
 
@@ -90,6 +91,7 @@ def _handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
             selector = q.get("labelSelector", [""])[0]
             if q.get("watch") == ["true"]:
                 with fake.lock:
+                    fake.watch_timeouts += q.get("timeoutSeconds", [])
                     step = fake.watches.pop(0) if fake.watches else []
                 self.send_response(200)
                 self.send_header("content-type", "application/json")

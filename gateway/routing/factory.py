@@ -78,12 +78,16 @@ def build_discovery(settings: GatewaySettings) -> Discovery:
         from gateway.routing.discovery.kubernetes import Kubernetes
 
         assert settings.k8s_service is not None  # enforced by GatewaySettings
-        return Kubernetes(settings.k8s_namespace, settings.k8s_service, settings.k8s_port)
+        return Kubernetes(settings.k8s_namespace, settings.k8s_service, settings.k8s_port,
+                          watch_timeout_s=settings.k8s_watch_timeout_s,
+                          retry_s=settings.k8s_retry_s)
     if settings.discovery == "inferencepool":
         from gateway.routing.discovery.inferencepool import InferencePoolPods
 
         assert settings.epp.pool_name is not None  # enforced by GatewaySettings
-        return InferencePoolPods(settings.epp.pool_namespace, settings.epp.pool_name)
+        return InferencePoolPods(settings.epp.pool_namespace, settings.epp.pool_name,
+                                 watch_timeout_s=settings.k8s_watch_timeout_s,
+                                 retry_s=settings.k8s_retry_s)
     return Static(settings.backends)
 
 

@@ -125,7 +125,7 @@ async def test_the_role_allows_what_the_discovery_asks(rel: Release) -> None:
             selector = ",".join(f"{k}={v}" for k, v in sorted(spec["selector"]["matchLabels"].items()))
             fake.pods[selector] = [pod_doc("w-0", meta["namespace"], "10.0.0.9", True)]
             d = InferencePoolPods(meta["namespace"], meta["name"], api_client=api_client,
-                                  watch_timeout_s=1)
+                                  watch_timeout_s=1, retry_s=2.0)
             updates = d.updates()
             try:
                 port = spec["targetPorts"][0]["number"]

@@ -5,7 +5,7 @@
 The pool is read, then its pods are listed and watched (the same thread and resume machinery as
 the EndpointSlice discovery, kubernetes.py). A pod counts when it has an IP, its `Ready`
 condition is True and it is not being deleted. When a watch ends (its timeout) the pool is read
-again, so a changed selector or port list takes effect within `watch_timeout_s`.
+again, so a changed selector or port list takes effect within `watch_timeout_s` (GATEWAY_K8S_WATCH_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ class InferencePoolPods(Watching):
         namespace: str | None,
         pool: str,
         *,
+        watch_timeout_s: int,
+        retry_s: float,
         api_client: client.ApiClient | None = None,
-        watch_timeout_s: int = 60,
-        retry_s: float = 2.0,
     ) -> None:
         self._namespace = namespace or own_namespace()
         self._pool = pool

@@ -109,9 +109,9 @@ class Kubernetes(Watching):
         service: str,
         port: int | str,
         *,
+        watch_timeout_s: int,
+        retry_s: float,
         api_client: client.ApiClient | None = None,
-        watch_timeout_s: int = 60,
-        retry_s: float = 2.0,
     ) -> None:
         self._namespace = namespace or own_namespace()
         self._service = service

@@ -131,7 +131,7 @@ async def collect(d: Kubernetes, n: int) -> list[frozenset[str]]:
 async def test_ready_condition_filters_addresses(api: tuple[FakeApi, client.ApiClient]) -> None:
     fake, api_client = api
     fake.lists = [[eps("a", ("10.0.0.1", True), ("10.0.0.2", False), ("10.0.0.3", None))]]
-    d = Kubernetes("ns", "workers", 8000, api_client=api_client, watch_timeout_s=1)
+    d = Kubernetes("ns", "workers", 8000, api_client=api_client, watch_timeout_s=1, retry_s=2.0)
     assert await collect(d, 1) == [{"http://10.0.0.1:8000", "http://10.0.0.3:8000"}]
 
 
@@ -142,7 +142,7 @@ async def test_ports_by_number_or_name_and_ipv6(api: tuple[FakeApi, client.ApiCl
     for port, want in ((8000, {"http://10.0.0.1:8000", "http://[fd00::7]:8000"}),
                        ("http", {"http://10.0.0.1:8080", "http://[fd00::7]:8000"}),
                        ("grpc", frozenset())):  # no such named port: nothing routable
-        d = Kubernetes("ns", "workers", port, api_client=api_client, watch_timeout_s=1)
+        d = Kubernetes("ns", "workers", port, api_client=api_client, watch_timeout_s=1, retry_s=2.0)
         assert await collect(d, 1) == [want]
 
 
@@ -214,7 +214,7 @@ async def test_named_port_resolved_per_slice(api: tuple[FakeApi, client.ApiClien
         eps("s1", ("10.0.0.1", True), ports=(("http", 8000),)),
         eps("s2", ("10.0.0.2", True), ports=(("http", 8001), ("metrics", 9100))),
     ]]
-    d = Kubernetes("ns", "workers", "http", api_client=api_client, watch_timeout_s=1)
+    d = Kubernetes("ns", "workers", "http", api_client=api_client, watch_timeout_s=1, retry_s=2.0)
     assert await collect(d, 1) == [{"http://10.0.0.1:8000", "http://10.0.0.2:8001"}]
 
 
@@ -225,7 +225,7 @@ def test_missing_cluster_config_is_a_clear_startup_error(
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(DiscoveryError, match="GATEWAY_DISCOVERY=kubernetes"):
-        Kubernetes("ns", "workers", 8000)
+        Kubernetes("ns", "workers", 8000, watch_timeout_s=60, retry_s=2.0)
 
 
 async def test_a_terminating_pod_leaves_at_once_though_it_still_serves(
