@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests import loopback
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0,
@@ -27,11 +31,20 @@ async def settle(predicate: Callable[[], bool], timeout_s: float = 5.0,
         await asyncio.sleep(0.005)
 
 
-def metric_sum(exposition: str, name: str, label: str = "") -> float:
-    """The sum of the samples of series `name` (exactly: `name{...}` or `name value`) in a
-    Prometheus text exposition, only those whose line holds `label` when given."""
-    total = 0.0
-    for line in exposition.splitlines():
-        if line.startswith((name + "{", name + " ")) and label in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def scrape(url: str) -> dict[str, float]:
+    """`url`/metrics -> {"name{labels}": value}, labels sorted, through prometheus_client's
+    parser (the format's escapes and special values are its business)."""
+    out: dict[str, float] = {}
+    text = loopback.get(url + "/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return out
+
+
+def metric_sum(samples: Mapping[str, float], name: str, label: str = "") -> float:
+    """The sum of series `name` (exactly: `name` or `name{...}`) in `scrape`'s samples, only
+    those whose labels hold `label` (as `key="value"`) when given."""
+    return sum(v for k, v in samples.items()
+               if (k == name or k.startswith(name + "{")) and label in k)

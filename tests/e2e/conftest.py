@@ -10,11 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.procs import Proc
 from devstack.stack import LocalStack, wait_http_ok
-from tests import loopback
 from tests.ports import free_port, free_port_pair, free_port_run
 
 if TYPE_CHECKING:
@@ -102,19 +100,3 @@ def kv_watch(stack: LocalStack) -> Iterator[KvWatch]:
 @pytest.fixture(scope="session")
 def model_name(real_model_dir: Path) -> str:
     return real_model_dir.name
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Prometheus text -> {"name{labels}": value}, labels sorted, through prometheus_client's
-    parser (the format's escapes and special values are its business)."""
-    out: dict[str, float] = {}
-    text = loopback.get(url + "/metrics", timeout=5).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
-    return out
-
-
-def metric_sum(samples: dict[str, float], name: str) -> float:
-    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))

@@ -27,8 +27,8 @@ import pytest
 from devstack.stack import LocalStack
 from tests import loopback
 from tests.autoscaler import Autoscaler, pool_gauge
-from tests.e2e.conftest import metric_sum, scrape
 from tests.ports import free_port
+from tests.waiting import metric_sum, scrape
 
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
             "max_tokens": 16, "temperature": 0, "stream": True}

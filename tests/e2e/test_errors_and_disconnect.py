@@ -10,7 +10,7 @@ import pytest
 
 from devstack.stack import LocalStack
 from tests import loopback
-from tests.e2e.conftest import metric_sum, scrape
+from tests.waiting import metric_sum, scrape
 
 pytestmark = pytest.mark.engine
 

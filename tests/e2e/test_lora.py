@@ -23,8 +23,9 @@ from devstack.stack import LocalStack
 from model_store.marker import read_marker
 from tests import loopback
 from tests.conftest import REPO, S3Env
-from tests.e2e.conftest import running, scrape
+from tests.e2e.conftest import running
 from tests.ports import free_port, free_port_pair
+from tests.waiting import scrape
 
 pytestmark = pytest.mark.engine
 

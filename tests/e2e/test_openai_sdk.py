@@ -6,7 +6,7 @@ import pytest
 from openai import OpenAI
 
 from devstack.stack import LocalStack
-from tests.e2e.conftest import metric_sum, scrape
+from tests.waiting import metric_sum, scrape
 
 pytestmark = pytest.mark.engine
 

@@ -11,8 +11,8 @@ import pytest
 
 from devstack.stack import LocalStack
 from tests import loopback
-from tests.e2e.conftest import scrape
 from tests.e2e.test_errors_and_disconnect import assert_openai_error
+from tests.waiting import scrape
 
 pytestmark = pytest.mark.engine
 

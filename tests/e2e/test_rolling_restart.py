@@ -25,7 +25,7 @@ import pytest
 
 from devstack.stack import LocalStack
 from tests import loopback
-from tests.e2e.conftest import scrape
+from tests.waiting import scrape
 
 pytestmark = pytest.mark.engine
 

@@ -17,7 +17,7 @@ from openai import OpenAI
 
 from devstack.stack import LocalStack
 from tests import loopback
-from tests.e2e.conftest import metric_sum, scrape
+from tests.waiting import metric_sum, scrape
 
 pytestmark = pytest.mark.engine
 

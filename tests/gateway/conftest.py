@@ -25,7 +25,7 @@ from gateway.settings import GatewaySettings
 from tests import loopback
 from tests.ports import free_port
 from tests.threadserver import serve_in_thread
-from tests.waiting import metric_sum
+from tests.waiting import metric_sum, scrape
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,7 +66,7 @@ class RunningGateway:
 
     def metric(self, name: str) -> float:
         """Sum of all samples of `name` in the gateway's /metrics."""
-        return metric_sum(loopback.get(self.url + "/metrics").text, name)
+        return metric_sum(scrape(self.url), name)
 
 
 @contextlib.contextmanager

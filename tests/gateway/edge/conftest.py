@@ -14,10 +14,9 @@ import orjson
 import pytest
 
 from bench.fake_upstream import Behaviour, FakeUpstream, start_in_thread
-from tests import loopback
 from tests.gateway.conftest import gateway_process
 from tests.ports import free_port
-from tests.waiting import metric_sum
+from tests.waiting import metric_sum, scrape
 
 HEAD_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0
@@ -45,7 +44,7 @@ class Gateway:
         return f"http://127.0.0.1:{self.probe}"
 
     def metric(self, name: str, label: str = "") -> float:
-        return metric_sum(loopback.get(self.probe_url + "/metrics").text, name, label)
+        return metric_sum(scrape(self.probe_url), name, label)
 
 
 @contextlib.contextmanager
