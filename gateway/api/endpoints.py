@@ -45,7 +45,8 @@ class Endpoint:
     generative: bool = False
     # Its answers report token usage, counted for metrics and the key's tokens-per-minute.
     usage: bool = False
-    # Body fields holding the prompt, the first present one routed by prefix affinity.
+    # Body fields holding the prompt, in the order the engine's prompt holds them: those present
+    # are routed by prefix affinity (api/replicas.py's route_request).
     prompt: tuple[str, ...] = ()
     # Asked of ProxyDeps.pin before routing (module docstring).
     pinnable: bool = False
@@ -57,29 +58,35 @@ class Endpoint:
         return self.path
 
 
+# A score request's first text, in each of vLLM's three shapes (queries/documents or items,
+# text_1/text_2, data_1/data_2): every pair's prompt starts with it.
+SCORE_PROMPT = ("queries", "text_1", "data_1")
+
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/chat/completions", ("POST",), "body", "chat", generative=True, usage=True,
              prompt=("messages",)),
     Endpoint("/v1/completions", ("POST",), "body", "completion", generative=True, usage=True,
              prompt=("prompt",)),
-    Endpoint("/v1/responses", ("POST",), "body", generative=True, usage=True, prompt=("input",),
-             pinnable=True),
+    Endpoint("/v1/responses", ("POST",), "body", generative=True, usage=True,
+             prompt=("instructions", "input"), pinnable=True),
     Endpoint("/v1/responses/{response_id}", ("GET",), "any", pinnable=True),
     Endpoint("/v1/responses/{response_id}/cancel", ("POST",), "any", pinnable=True),
-    Endpoint("/v1/messages", ("POST",), "body", prompt=("messages",), generative=True, usage=True),
-    Endpoint("/v1/messages/count_tokens", ("POST",), "body"),
+    Endpoint("/v1/messages", ("POST",), "body", prompt=("system", "messages"), generative=True,
+             usage=True),
+    Endpoint("/v1/messages/count_tokens", ("POST",), "body", prompt=("system", "messages")),
     Endpoint("/v1/chat/completions/batch", ("POST",), "body", generative=True, usage=True,
              prompt=("messages",)),
     Endpoint("/generative_scoring", ("POST",), "body", usage=True, prompt=("query",)),
-    Endpoint("/v1/systemone", ("POST",), "body", generative=True, usage=True),
+    Endpoint("/v1/systemone", ("POST",), "body", generative=True, usage=True,
+             prompt=("instructions", "state")),
     Endpoint("/v1/embeddings", ("POST",), "body", usage=True, prompt=("input", "messages"),
              runner="pooling"),
     Endpoint("/pooling", ("POST",), "body", usage=True, prompt=("input", "messages"),
              runner="pooling"),
     Endpoint("/classify", ("POST",), "body", usage=True, prompt=("input", "messages"),
              runner="pooling"),
-    Endpoint("/score", ("POST",), "body", usage=True, runner="pooling"),
-    Endpoint("/v1/score", ("POST",), "body", usage=True, runner="pooling"),
+    Endpoint("/score", ("POST",), "body", usage=True, prompt=SCORE_PROMPT, runner="pooling"),
+    Endpoint("/v1/score", ("POST",), "body", usage=True, prompt=SCORE_PROMPT, runner="pooling"),
     Endpoint("/rerank", ("POST",), "body", usage=True, prompt=("query",), runner="pooling"),
     Endpoint("/v1/rerank", ("POST",), "body", usage=True, prompt=("query",), runner="pooling"),
     Endpoint("/v2/rerank", ("POST",), "body", usage=True, prompt=("query",), runner="pooling"),

@@ -62,11 +62,13 @@ class Forwarder:
 
     async def forward(
         self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, ex: Exchange,
-        pool: Pool | None, tenant: Tenant | None,
+        pool: Pool | None, tenant: Tenant | None, pin: str | None = None,
     ) -> None:
+        """`pin`: the backend URL the endpoint's pin hook chose (ProxyDeps.pin, asked by the
+        proxy before admission), or None."""
         d = self._d
         if self._kind == "other":
-            await self._forward_other(scope, req, raw, send, ex, pool, tenant)
+            await self._forward_other(scope, req, raw, send, ex, pool, tenant, pin)
             return
         model = req.model
         plan = None
@@ -115,7 +117,7 @@ class Forwarder:
 
     async def _forward_other(
         self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, ex: Exchange,
-        pool: Pool | None, tenant: Tenant | None,
+        pool: Pool | None, tenant: Tenant | None, pin: str | None,
     ) -> None:
         """Any other engine endpoint: the request as the client sent it (method, path, query,
         body, content type), the answer as the engine gave it."""
@@ -140,7 +142,6 @@ class Forwarder:
                                        pool, tenant)
 
         try:
-            pin = await d.pin(self._endpoint, req, scope) if self._endpoint.pinnable else None
             if pin is not None:
                 backend = pinned(d, pin)
                 if not req.model and backend.models:

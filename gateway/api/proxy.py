@@ -21,7 +21,7 @@ from gateway.api.deps import ProxyDeps
 from gateway.api.endpoints import Endpoint
 from gateway.api.forward import Forwarder
 from gateway.api.inflight import DRAIN_EXPIRED, Exchange
-from gateway.api.replicas import default_model
+from gateway.api.replicas import any_model, default_model, pinned
 from gateway.api.schemas import ParsedRequest, encoding_error, parse_other, parse_request
 from gateway.api.splice import WRITER_KEY, ClientWriter
 from gateway.errors import GatewayError, PayloadTooLarge, send_error, sse_error_event
@@ -127,20 +127,32 @@ class ProxyEndpoint:
         self, scope: Scope, req: ParsedRequest, raw: bytes, send: Send, ex: Exchange
     ) -> None:
         d = self._d
+        endpoint = self._endpoint
+        pin: str | None = None
         try:
+            if endpoint.pinnable:
+                # Before admission: a response fetched or cancelled by id is admitted (per-key
+                # limits, a slot, the tenant's count) with the model of the replica holding it.
+                pin = await d.pin(endpoint, req, scope)
+                if pin is not None and not req.model:
+                    models = pinned(d, pin).models
+                    req.model = min(models) if models else ""
+                if not req.model and endpoint.route == "any":
+                    req.model = any_model(d)
             admitted = await admit(d.flow, d.router, d.wake, d.parent_of, req.model,
                                    scope.get("state", {}).get("api_key"), scope["headers"],
                                    req.stream)
         except GatewayError as exc:
-            d.metrics.requests.labels(req.model, self._endpoint.label, "", str(exc.status)).inc()
+            label = req.model if d.router.knows_model(req.model) else "unknown"
+            d.metrics.requests.labels(label, endpoint.label, "", str(exc.status)).inc()
             await send_error(send, exc)
             return
         if admitted is None:
-            await self._forward(scope, req, raw, send, ex, None, None)
+            await self._forward(scope, req, raw, send, ex, None, None, pin)
             return
         pool, tenant = admitted
         try:
-            await self._forward(scope, req, raw, send, ex, pool, tenant)
+            await self._forward(scope, req, raw, send, ex, pool, tenant, pin)
         finally:
             pool.release(tenant.name, req.stream)
 

@@ -35,8 +35,8 @@ T = TypeVar("T")
 def route_request(req: ParsedRequest, scope: Scope, session_header: bytes,
                   fields: tuple[str, ...]) -> RouteRequest:
     """What an affinity policy routes by: an explicit session key (header, else the OpenAI `user`
-    field) and the prompt's bytes from its start (the first of the endpoint's prompt `fields`
-    the body has), in a form where turn N+1 extends turn N."""
+    field) and the prompt's bytes from its start (the endpoint's prompt `fields` the body has, in
+    the order the engine's prompt holds them), in a form where turn N+1 extends turn N."""
     for name, value in scope["headers"]:
         if name == session_header:
             return RouteRequest(req.model, value.decode("latin-1"))
@@ -44,12 +44,13 @@ def route_request(req: ParsedRequest, scope: Scope, session_header: bytes,
     user = body.get("user")
     if isinstance(user, str) and user:
         return RouteRequest(req.model, user)
+    prefix: bytes | None = None
     for field in fields:
         prompt = body.get(field)
         if prompt is not None:
-            return RouteRequest(req.model, None, prompt.encode() if isinstance(prompt, str)
-                                else orjson.dumps(prompt))
-    return RouteRequest(req.model, None)
+            part = prompt.encode() if isinstance(prompt, str) else orjson.dumps(prompt)
+            prefix = part if prefix is None else prefix + part
+    return RouteRequest(req.model, None, prefix)
 
 
 def default_model(router: Router, parent_of: Callable[[str], str | None]) -> str:

