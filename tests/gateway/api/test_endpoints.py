@@ -272,3 +272,18 @@ def test_responses_by_id_are_admitted_and_counted_like_any_request(
         # /version and /ping stay open probes, outside admission.
         for _ in range(4):
             assert loopback.get(gw.url + "/version").status_code == 200
+
+
+def test_every_endpoint_with_usage_charges_its_tokens_to_the_tenant(
+        upstreams: UpstreamFactory, tmp_path: Path) -> None:
+    up = upstreams(echo_other=True)  # each answer's usage: 3 prompt tokens
+    keys = write_keys(tmp_path, {"k-acme": {"tenant": "acme"}})
+    counted = [e for e in FORWARDED if e.usage and e.route == "body"]
+    with run_gateway(backends=[url_of(up)], api_keys_file=keys) as gw:
+        for i, e in enumerate(counted, 1):
+            r = loopback.post(gw.url + e.path, json={"model": "demo", "input": "x"},
+                              headers={"authorization": "Bearer k-acme"})
+            assert r.status_code == 200, (e.path, r.text)
+            assert gw.metric('llmserve_tenant_tokens_total{kind="input",tenant="acme"}') \
+                == 3 * i, e.path
+        assert gw.metric('llmserve_tenant_requests_total{tenant="acme"}') == len(counted)
