@@ -277,7 +277,12 @@ class Pool:
         self.pace.released(self.in_flight, now)
         self.in_flight -= 1
         pending = self._pending
-        if len(pending) > self.in_flight:  # it ended without a sample (an error, a hang-up)
+        if not self.in_flight:
+            # None in flight, none pending: one that ended without a sample while others had
+            # theirs (its entry could not be told apart from theirs) goes now, not into the next
+            # burst, whose first request would no longer count as sent alone.
+            pending.clear()
+        elif len(pending) > self.in_flight:  # it ended without a sample (an error, a hang-up)
             # Which one is not known: take the newest of its kind. An engine's error comes back
             # within milliseconds, while the older ones still wait; and the oldest may be the
             # one sent alone, whose flag must stay with the sample it will give.

@@ -606,3 +606,28 @@ def test_at_the_deadline_a_stream_twice_the_pace_without_its_token_shows_a_full_
     # Four of the six got the slots the two first tokens added; the other two reach their
     # deadline.
     assert len(refused) == (2 if replicas == 1 else 0)
+
+
+def test_a_pause_leaves_nothing_pending_for_the_next_burst() -> None:
+    # A whole answer given up on (no sample) while two streams decode after their first tokens:
+    # its entry cannot be told from theirs then, but once the pool is empty it must be gone, or
+    # the first request after the pause (prefilled alone) would set the next climb's pace.
+    clock = FakeClock()
+    adm, _ = admission(clock, initial_limit=8, max_limit=64)
+    pool = adm.pool("demo")
+    assert pool.try_acquire(stream=True)
+    assert pool.try_acquire(stream=True)
+    assert pool.try_acquire(stream=False)
+    clock.advance(0.1)
+    pool.sample(0.1, 0.0)
+    pool.sample(0.1, 0.0)
+    pool.release(stream=False)  # the client of the whole answer hung up
+    clock.advance(0.5)
+    pool.release(stream=True)
+    pool.release(stream=True)
+    clock.advance(5.0)  # a pause; then a burst
+    assert pool.try_acquire(stream=True)  # nothing pending: sent alone
+    assert pool.try_acquire(stream=True)
+    clock.advance(0.03)
+    pool.sample(0.03, 5.6)
+    assert pool.limiter.first_token_s == 0.0  # the lone one's time is no pace
