@@ -17,10 +17,8 @@ A queued request whose estimate proves too hopeful (usually a limit cut while it
 at its deadline above the limit (`llmserve_queue_overflows_total`) rather than refused after a
 wasted wait. One queued on slow start's promise is refused as soon as the promise is seen broken
 (slow start ended by evidence of full engines, or a request in flight overdue for its first token:
-sent, it would wait inside them past the target). At its deadline it is refused too if, with one
-replica, a stream in flight has waited twice the climb's fastest first token (`DEADLINE_OVERDUE`),
-and sent otherwise (a burst's first tokens may all come after it: nothing shows the engines
-full). Why both promises need this
+sent, it would wait inside them past the target), and sent at its deadline otherwise (a burst's
+first tokens may all come after it: nothing shows the engines full). Why both promises need this
 shape: docs/flow-control.md.
 """
 
@@ -56,12 +54,6 @@ OVERDUE_TARGET = 0.5
 # near-free upstream) measures the gateway's own loop, whose least lag would read as an overdue
 # request and refuse a cold burst that healthy engines serve.
 MIN_OVERDUE_S = 0.05
-# At a queued request's deadline, with one replica, a stream in flight this many times the
-# climb's fastest first token without its own shows the engine queueing, whatever the order: a
-# batching engine takes a newcomer in at its next step (first tokens up to two steps after the
-# dispatch, at twice the pace), a full engine keeps it in a first-come-first-served queue where
-# nobody is overtaken. Sent then, the queued request would wait inside it past the target.
-DEADLINE_OVERDUE = 2.0
 # In slow start, queue up to this many requests per request in flight: most of the next round
 # trip's growth. Not all of it: against full engines each request so queued waits about OVERDUE
 # first tokens for its refusal (docs/flow-control.md).
@@ -199,7 +191,7 @@ class Pool:
         except TimeoutError:
             if not self._granted(w):  # else the slot came in the same instant as the deadline
                 self.queue.remove(w)
-                if promised and not self._climbing(at_deadline=True):
+                if promised and not self._climbing():
                     # Queued on slow start's promise, and the engines turned out to be full:
                     # sent now, it would wait inside them past the target. Otherwise nothing
                     # shows them full (a burst's first tokens may all come after the deadline).
@@ -215,34 +207,29 @@ class Pool:
             raise
         self._queue_time.observe(self._clock() - now)
 
-    def _climbing(self, at_deadline: bool = False) -> bool:
+    def _climbing(self) -> bool:
         """The limit is still climbing from a cold start and nothing shows the engines full yet:
         slow start, and no request in flight overdue for its first token (before the first one
-        comes back nothing is known, and the climb is given the benefit of the doubt).
-        `at_deadline`: judged for a queued request whose deadline has come (`_overdue_at`)."""
+        comes back nothing is known, and the climb is given the benefit of the doubt)."""
         if not self.limiter.slow_start:
             return False
         first = self.limiter.first_token_s
         oldest = self._oldest_stream()
-        return first <= 0.0 or oldest is None or not self._overdue(oldest, first, at_deadline)
+        return first <= 0.0 or oldest is None or not self._overdue(oldest, first)
 
-    def _overdue(self, sent: float, first: float, at_deadline: bool = False) -> bool:
-        return self._clock() >= self._overdue_at(sent, first, at_deadline)
+    def _overdue(self, sent: float, first: float) -> bool:
+        return self._clock() >= self._overdue_at(sent, first)
 
-    def _overdue_at(self, sent: float, first: float, at_deadline: bool = False) -> float:
+    def _overdue_at(self, sent: float, first: float) -> float:
         """When a request in flight since `sent` without a first token shows the engines
-        queueing, given the climb's fastest first token: with one replica, OVERDUE of those
-        after it was sent if a request sent no later has its first token (the engine took that
-        one and not this one), and at a queued request's deadline DEADLINE_OVERDUE of them in
-        any case; always at OVERDUE_TARGET of the target."""
+        queueing, given the climb's fastest first token: OVERDUE of those after it was sent if a
+        request sent no later has its first token (the engine took that one and not this one;
+        one replica only), else at OVERDUE_TARGET of the target."""
         late = sent + OVERDUE_TARGET * self.limiter.target_s
-        # Both rules read one engine's queue: across replicas, a request sent later may have gone
-        # to a less busy one, and the fastest first token may be the less busy one's.
-        if self._replicas <= 1:
-            if at_deadline:
-                return min(late, sent + max(DEADLINE_OVERDUE * first, MIN_OVERDUE_S))
-            if sent <= self._answered:
-                return min(late, sent + max(OVERDUE * first, MIN_OVERDUE_S))
+        # Overtaken only shows in one engine's queue: across replicas, a request sent later may
+        # have gone to a less busy one.
+        if sent <= self._answered and self._replicas <= 1:
+            return min(late, sent + max(OVERDUE * first, MIN_OVERDUE_S))
         return late
 
     def _check_promises(self) -> None:

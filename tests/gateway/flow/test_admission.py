@@ -494,11 +494,10 @@ def test_a_request_sent_alone_sets_no_pace() -> None:
 
 def test_a_burst_served_in_lengthening_steps_keeps_its_promise() -> None:
     # A burst reaches the gateway one connection at a time; the engine takes each newcomer in at
-    # its next step, so first tokens come back in dispatch order, up to two steps after their
-    # dispatch: twice the fastest. No request is overtaken by a later one, none has waited twice
-    # the fastest at the queue's deadline, and none is past half the engines' share of the
-    # target (1.5 s here): those queued on the climb's promise are sent at their deadline, not
-    # refused.
+    # its next step, so first tokens come back in dispatch order at two, three times the
+    # fastest. No request is overtaken by a later one: none is overdue before half the
+    # engines' share of the target (1.5 s here), and those queued on the climb's promise are
+    # sent at their deadline, not refused.
 
     async def scenario() -> tuple[list[object], float]:
         loop = asyncio.get_running_loop()
@@ -513,9 +512,8 @@ def test_a_burst_served_in_lengthening_steps_keeps_its_promise() -> None:
         queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(6)]
         await asyncio.sleep(0.03)  # t = 0.07: the first one's first token (sent alone)
         pool.sample(0.07, 0.0)
-        await asyncio.sleep(0.49)  # t = 0.56: the second's, sent at 0.01; the pace now
-        pool.sample(0.55, 0.01)
-        # At the deadline (t = 1.04) the third, sent at 0.02, has waited 1.02 s: under 2 x 0.55.
+        await asyncio.sleep(0.43)  # t = 0.5: the second's, sent at 0.01; the pace now
+        pool.sample(0.49, 0.01)
         results = await asyncio.gather(*queued, return_exceptions=True)
         overflows = m.registry.get_sample_value("llmserve_queue_overflows_total",
                                                 {"pool": "demo"})
@@ -569,42 +567,6 @@ def test_overtaken_is_evidence_only_within_one_engine(replicas: int) -> None:
         return await asyncio.gather(*queued, return_exceptions=True)
 
     refused = [r for r in run_virtual(scenario) if isinstance(r, Unavailable)]
-    assert len(refused) == (2 if replicas == 1 else 0)
-
-
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_at_the_deadline_a_stream_twice_the_pace_without_its_token_shows_a_full_engine(
-    replicas: int,
-) -> None:
-    # A cold burst reaches an engine with few sequence slots one connection at a time: those
-    # beyond its slots wait in its first-come-first-served queue, where nobody is overtaken.
-    # At the deadline of a request queued on the climb's promise, the oldest stream in flight
-    # has waited more than twice the fastest first token without its own: one engine is full,
-    # and the queued request is refused rather than sent to wait inside it. Across two replicas
-    # the fastest may be the less busy one's, and only the late rule judges.
-
-    async def scenario() -> list[object]:
-        loop = asyncio.get_running_loop()
-        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
-                                     ttft_target_s=4.0, queue_timeout_s=1.0, max_queue=100),
-                        GatewayMetrics(), loop.time)
-        adm.set_replicas({"demo": replicas})
-        pool, t = adm.pool("demo"), adm.tenants.for_key(None)
-        for _ in range(4):  # sent at 0, 10, 20 and 30 ms
-            assert pool.try_acquire()
-            await asyncio.sleep(0.01)
-        queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(6)]
-        await asyncio.sleep(0.03)
-        pool.sample(0.07, 0.0)  # t = 0.07: the one sent alone
-        await asyncio.sleep(0.03)
-        pool.sample(0.09, 0.01)  # t = 0.1: the second; the pace is 90 ms
-        # The third (sent at 0.02) has no first token at the deadline, t = 1.04: 11x the pace.
-        return await asyncio.gather(*queued, return_exceptions=True)
-
-    results = run_virtual(scenario)
-    refused = [r for r in results if isinstance(r, Unavailable)]
-    # Four of the six got the slots the two first tokens added; the other two reach their
-    # deadline.
     assert len(refused) == (2 if replicas == 1 else 0)
 
 
