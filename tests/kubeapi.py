@@ -63,19 +63,41 @@ class FakeApi:
         self.lock = threading.Lock()
 
 
+class JsonHandler(BaseHTTPRequestHandler):
+    """What every fake API server's handler shares: JSON answers, no access log."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, doc: dict[str, Any]) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[client.ApiClient]:
+    """`handler` served on a free port, and a real client configured for it."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
+    api_client = client.ApiClient(cfg)
+    try:
+        yield api_client
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
+        server.shutdown()
+        server.server_close()
+
+
 def _handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _json(self, status: int, doc: dict[str, Any]) -> None:
-            body = json.dumps(doc).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:
             url = urlparse(self.path)
             q = parse_qs(url.query)
@@ -114,16 +136,5 @@ def _handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
 def fake_api(namespace: str, pool: str) -> Iterator[tuple[FakeApi, client.ApiClient]]:
     """The fake server on a free port, and a real client configured for it."""
     fake = FakeApi(namespace, pool)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    cfg = client.Configuration()
-    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
-    api_client = client.ApiClient(cfg)
-    try:
+    with serving(_handler(fake)) as api_client:
         yield fake, api_client
-    finally:
-        api_client.close()  # type: ignore[no-untyped-call]
-        server.shutdown()
-        server.server_close()

@@ -7,7 +7,7 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncGenerator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -16,6 +16,7 @@ from kubernetes import client
 
 from gateway.routing.discovery.base import DiscoveryError
 from gateway.routing.discovery.kubernetes import Kubernetes
+from tests.kubeapi import JsonHandler, serving
 
 PATH = "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices"
 SELECTOR = "kubernetes.io/service-name=workers"
@@ -58,18 +59,7 @@ class FakeApi:
 
 
 def _make_handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _json(self, status: int, doc: dict[str, Any]) -> None:
-            body = json.dumps(doc).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:
             url = urlparse(self.path)
             q = parse_qs(url.query)
@@ -107,17 +97,8 @@ def _make_handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def api() -> Iterator[tuple[FakeApi, client.ApiClient]]:
     fake = FakeApi()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(fake))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    cfg = client.Configuration()
-    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
-    api_client = client.ApiClient(cfg)
-    yield fake, api_client
-    api_client.close()  # type: ignore[no-untyped-call]
-    server.shutdown()
-    server.server_close()
+    with serving(_make_handler(fake)) as api_client:
+        yield fake, api_client
 
 
 async def collect(d: Kubernetes, n: int) -> list[frozenset[str]]:
