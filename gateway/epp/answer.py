@@ -92,10 +92,13 @@ class Answer:
 
     def finish(self, complete: bool) -> None:
         """The answer is over (`complete`: its end came through; else the stream was cut): book
-        it once, and release the slot."""
+        it once, and release the slot. A stream whose `[DONE]` came through is whole, however the
+        exchange ends: a client that read it closes its connection, and Envoy may then cancel the
+        ext_proc stream before the upstream's own end reaches it."""
         if self._done:
             return
         self._done = True
+        complete = complete or (self._splice is not None and self._splice.saw_done)
         d = self._d
         pick = self._pick
         try:

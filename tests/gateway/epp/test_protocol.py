@@ -22,6 +22,7 @@ from gateway.epp import protocol
 from gateway.errors import Unavailable
 from tests.gateway.conftest import UpstreamFactory, url_of
 from tests.gateway.epp.conftest import RunningEpp, host_port, run_epp
+from tests.waiting import wait_for
 
 
 def test_bodies_go_back_in_chunks_envoy_accepts() -> None:
@@ -125,6 +126,43 @@ def test_a_stream_cut_before_the_answer_gives_the_slot_back(upstreams: UpstreamF
         assert epp.call(lambda: pool.in_flight) == 1
         s.close()  # Envoy ends the stream: the upstream was unreachable, the client left...
         assert epp.call(lambda: pool.in_flight) == 0
+
+
+def test_a_stream_whose_done_passed_is_whole_however_the_exchange_ends(
+    upstreams: UpstreamFactory,
+) -> None:
+    """A client reads `[DONE]` and closes its connection; Envoy then cancels the ext_proc stream
+    before the upstream's end reaches it. The answer was whole: booked 200 with its usage, not
+    499 (the real engines behind Envoy showed it: a session's turns all booked as hang-ups)."""
+    up = upstreams()
+    with run_epp(backends=[url_of(up)]) as epp:
+        s = Stream(epp)
+        s.send(request_headers=_headers((":method", "POST"), (":path", "/v1/chat/completions")))
+        s.send(request_body=pb.HttpBody(body=orjson.dumps({
+            "model": "demo", "stream": True,
+            "messages": [{"role": "user", "content": "x"}]}), end_of_stream=True))
+        s.recv()
+        s.recv()
+        s.send(response_headers=_headers((":status", "200"),
+                                         ("content-type", "text/event-stream")))
+        assert s.recv().HasField("response_headers")
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "demo"}
+        events = b"".join(b"data: " + orjson.dumps({**chunk, **e}) + b"\n\n" for e in (
+            {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1,
+                                      "total_tokens": 6}},
+        )) + b"data: [DONE]\n\n"
+        s.send(response_body=pb.HttpBody(body=events, end_of_stream=False))
+        s.recv()
+        s.close()
+        wait_for(lambda: epp.metric("llmserve_requests_total") >= 1, what="the answer booked")
+        registry = epp.state.metrics.registry
+        statuses = {x.labels["status"]: x.value
+                    for m in epp.call(lambda: list(registry.collect())) for x in m.samples
+                    if x.name == "llmserve_requests_total"}
+        assert statuses == {"200": 1.0}
+        assert epp.metric("llmserve_output_tokens_total") == 1
 
 
 def test_health_liveness_and_readiness(upstreams: UpstreamFactory) -> None:
