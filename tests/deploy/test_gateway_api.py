@@ -6,16 +6,15 @@ CRDs; here, that the references between the objects hold."""
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 import helm_python
 import pytest
 
 from gateway.routing.discovery.inferencepool import GROUP, PLURAL, InferencePoolPods
-from gateway.settings import GatewaySettings
 from tests.deploy.conftest import ALL_CASES, RenderCase
 from tests.deploy.manifests import Release, env_of, render
+from tests.deploy.test_worker_argv import settings_of_env
 from tests.kubeapi import fake_api, pod_doc
 
 pytestmark = pytest.mark.helm
@@ -49,17 +48,6 @@ def test_each_pool_has_an_inferencepool_selecting_its_serving_pods(rel: Release)
         assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
 
 
-def _settings(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> GatewaySettings:
-    """GatewaySettings from a container's rendered env, and nothing else."""
-    with monkeypatch.context() as m:
-        for name in list(os.environ):
-            if name.startswith("GATEWAY_"):
-                m.delenv(name)
-        for name, value in env.items():
-            m.setenv(name, value)
-        return GatewaySettings()
-
-
 def test_each_pool_has_its_own_endpoint_picker(rel: Release,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """As GIE deploys them: one EPP per InferencePool, behind the Service its endpointPickerRef
@@ -82,7 +70,7 @@ def test_each_pool_has_its_own_endpoint_picker(rel: Release,
         picked.add(epp["metadata"]["name"])
         container = epp["spec"]["template"]["spec"]["containers"][0]
         (target,) = [p for p in container["ports"] if p["name"] == port["targetPort"]]
-        settings = _settings(env_of(container), monkeypatch)
+        settings = settings_of_env(env_of(container), monkeypatch)
         assert settings.mode == "epp" and settings.discovery == "inferencepool"
         assert (settings.epp.pool_name, settings.epp.pool_namespace) == (
             pool["metadata"]["name"], pool["metadata"]["namespace"])
@@ -192,7 +180,7 @@ def test_the_notes_name_the_timeouts_the_data_plane_needs(
     for d in waking.of_kind("Deployment"):
         if d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway":
             env = env_of(d["spec"]["template"]["spec"]["containers"][0])
-            budgets |= {p.wake_budget_s for p in _settings(env, monkeypatch).pools
+            budgets |= {p.wake_budget_s for p in settings_of_env(env, monkeypatch).pools
                         if p.scale_to_zero}
     assert budgets == {900, 600}
     assert "must exceed GATEWAY_FLOW__QUEUE_TIMEOUT_S and 900 s" in waking.notes

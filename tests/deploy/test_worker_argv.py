@@ -182,7 +182,11 @@ def test_worker_cli_prints_the_same_command_for_a_rendered_follower(
 def gateway_settings(release: Release, monkeypatch: pytest.MonkeyPatch) -> GatewaySettings:
     """GatewaySettings from the env the chart renders for the gateway, and nothing else."""
     gateway = next(p for p in release.pods() if p.role == "gateway")
-    env = env_of(gateway.container("gateway"))
+    return settings_of_env(env_of(gateway.container("gateway")), monkeypatch)
+
+
+def settings_of_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> GatewaySettings:
+    """GatewaySettings from a container's rendered env, and nothing else."""
     with monkeypatch.context() as m:
         for name in list(os.environ):
             if name.startswith("GATEWAY_"):
