@@ -35,7 +35,6 @@ import os
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -50,6 +49,7 @@ from worker.drain import DRAIN_FILE_ENV
 from worker.preflight import preflight
 from worker.settings import WorkerSettings
 from worker.startup_cpus import release, startup_cpus
+from worker.stop import Stop, StopRequest
 
 logger = logging.getLogger("worker")
 
@@ -76,7 +76,7 @@ class EngineStartError(RuntimeError):
 def wait_for_marker(
     model_dir: Path,
     timeout_s: float,
-    stop: threading.Event,
+    stop: Stop,
     poll_s: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
 ) -> bool:
@@ -214,7 +214,7 @@ class Launcher:
         self.command = command
         self.env = dict(os.environ if env is None else env)
         self.poll_s = poll_s
-        self.should_exit = threading.Event()
+        self.should_exit = StopRequest()  # set by the signal handler: lock-free
         self.force_exit = False
         self.received_signal: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
@@ -256,6 +256,7 @@ class Launcher:
         finally:
             for sig, handler in original.items():
                 signal.signal(sig, handler)
+            self.should_exit.close()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit.is_set():
