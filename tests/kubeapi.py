@@ -64,10 +64,18 @@ class FakeApi:
 
 
 class JsonHandler(BaseHTTPRequestHandler):
-    """What every fake API server's handler shares: JSON answers, no access log."""
+    """What every fake API server's handler shares: a GET parsed into its path and query for
+    `get`, JSON answers and Status errors, watch streams, no access log."""
 
     def log_message(self, *args: Any) -> None:
         pass
+
+    def do_GET(self) -> None:
+        url = urlparse(self.path)
+        self.get(url.path, parse_qs(url.query))
+
+    def get(self, path: str, query: dict[str, list[str]]) -> None:
+        raise NotImplementedError
 
     def _json(self, status: int, doc: dict[str, Any]) -> None:
         body = json.dumps(doc).encode()
@@ -76,6 +84,18 @@ class JsonHandler(BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _not_found(self) -> None:
+        self._json(404, {"kind": "Status", "code": 404, "message": self.path})
+
+    def _watch(self, events: list[dict[str, Any]]) -> None:
+        """A watch answer: `events` one JSON line each, flushed as sent; the caller ends it."""
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        for event in events:
+            self.wfile.write(json.dumps(event).encode() + b"\n")
+            self.wfile.flush()
 
 
 @contextlib.contextmanager
@@ -98,29 +118,22 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[client.ApiClient]
 
 def _handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
     class Handler(JsonHandler):
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            q = parse_qs(url.query)
+        def get(self, path: str, q: dict[str, list[str]]) -> None:
             with fake.lock:
-                fake.calls.append(rbac_request(url.path, q))
-            if url.path == fake.pool_path:
+                fake.calls.append(rbac_request(path, q))
+            if path == fake.pool_path:
                 with fake.lock:
                     self._json(200, fake.pool)
                 return
-            if url.path != fake.pods_path:
-                self._json(404, {"kind": "Status", "code": 404, "message": self.path})
+            if path != fake.pods_path:
+                self._not_found()
                 return
             selector = q.get("labelSelector", [""])[0]
             if q.get("watch") == ["true"]:
                 with fake.lock:
                     fake.watch_timeouts += q.get("timeoutSeconds", [])
                     step = fake.watches.pop(0) if fake.watches else []
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.end_headers()
-                for event in step:
-                    self.wfile.write(json.dumps(event).encode() + b"\n")
-                    self.wfile.flush()
+                self._watch(step)
                 threading.Event().wait(0.1)
                 return
             with fake.lock:

@@ -4,12 +4,10 @@ boundary (no API server can run here): list, watch streams, resume, 410 Gone and
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import AsyncGenerator, Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 from kubernetes import client
@@ -60,13 +58,11 @@ class FakeApi:
 
 def _make_handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
     class Handler(JsonHandler):
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            q = parse_qs(url.query)
+        def get(self, path: str, q: dict[str, list[str]]) -> None:
             with fake.lock:
                 fake.requests.append(q)
-            if url.path != PATH or q.get("labelSelector") != [SELECTOR]:
-                self._json(404, {"kind": "Status", "code": 404, "message": self.path})
+            if path != PATH or q.get("labelSelector") != [SELECTOR]:
+                self._not_found()
                 return
             if q.get("watch") == ["true"]:
                 with fake.lock:
@@ -74,12 +70,7 @@ def _make_handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
                 if isinstance(step, int):
                     self._json(step, {**GONE, "code": step})
                     return
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.end_headers()
-                for event in step:
-                    self.wfile.write(json.dumps(event).encode() + b"\n")
-                    self.wfile.flush()
+                self._watch(step)
                 if not step:
                     threading.Event().wait(0.1)
                 return
