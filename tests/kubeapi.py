@@ -3,19 +3,24 @@ inferencepool.py), behind the real `kubernetes` client: the seam where fakes are
 one InferencePool document (changeable) and, per label selector, the pods listed; each pod watch
 takes the next scripted list of events, else idles 0.1 s. Every call is recorded as the RBAC
 request it is (verb, API group, resource), so a Role can be checked against what the discovery
-really asks."""
+really asks. JsonHandler, serving() and collect() serve every fake Kubernetes API of the suite (the
+EndpointSlice discovery's too): the wire format, the server, the discovery's first updates."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from kubernetes import client
+
+from gateway.routing.discovery.inferencepool import InferencePoolPods
+from gateway.routing.discovery.kubernetes import Kubernetes
 
 
 def pool_doc(name: str, namespace: str, labels: dict[str, str], *ports: int) -> dict[str, Any]:
@@ -151,3 +156,12 @@ def fake_api(namespace: str, pool: str) -> Iterator[tuple[FakeApi, client.ApiCli
     fake = FakeApi(namespace, pool)
     with serving(_handler(fake)) as api_client:
         yield fake, api_client
+
+
+async def collect(d: Kubernetes | InferencePoolPods, n: int) -> list[frozenset[str]]:
+    """The first `n` address sets the discovery's updates() yields, each within 5 s."""
+    it: AsyncGenerator[frozenset[str], None] = d.updates()
+    try:
+        return [await asyncio.wait_for(anext(it), 5) for _ in range(n)]
+    finally:
+        await it.aclose()

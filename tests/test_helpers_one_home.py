@@ -15,6 +15,7 @@ HOMES = {
     "metric_sum": "waiting.py",
     "scrape": "waiting.py",
     "write_keys": "gateway/conftest.py",
+    "collect": "kubeapi.py",
 }
 
 

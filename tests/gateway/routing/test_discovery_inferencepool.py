@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from kubernetes import client
 from gateway.routing.discovery.inferencepool import InferencePoolPods
 from gateway.routing.factory import build_discovery
 from gateway.settings import GatewaySettings
-from tests.kubeapi import FakeApi, fake_api, pod_doc, pool_doc
+from tests.kubeapi import FakeApi, collect, fake_api, pod_doc, pool_doc
 
 
 def pool(labels: dict[str, str], *ports: int) -> dict[str, Any]:
@@ -32,14 +32,6 @@ def pod(name: str, ip: str | None, ready: bool, deleting: bool = False) -> dict[
 def api() -> Iterator[tuple[FakeApi, client.ApiClient]]:
     with fake_api("ns", "chat") as served:
         yield served
-
-
-async def collect(d: InferencePoolPods, n: int) -> list[frozenset[str]]:
-    it: AsyncGenerator[frozenset[str], None] = d.updates()
-    try:
-        return [await asyncio.wait_for(anext(it), 5) for _ in range(n)]
-    finally:
-        await it.aclose()
 
 
 async def test_the_pools_ready_pods_on_its_target_ports(

@@ -3,9 +3,8 @@ boundary (no API server can run here): list, watch streams, resume, 410 Gone and
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -14,7 +13,7 @@ from kubernetes import client
 
 from gateway.routing.discovery.base import DiscoveryError
 from gateway.routing.discovery.kubernetes import Kubernetes
-from tests.kubeapi import JsonHandler, serving
+from tests.kubeapi import JsonHandler, collect, serving
 
 PATH = "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices"
 SELECTOR = "kubernetes.io/service-name=workers"
@@ -90,14 +89,6 @@ def api() -> Iterator[tuple[FakeApi, client.ApiClient]]:
     fake = FakeApi()
     with serving(_make_handler(fake)) as api_client:
         yield fake, api_client
-
-
-async def collect(d: Kubernetes, n: int) -> list[frozenset[str]]:
-    it: AsyncGenerator[frozenset[str], None] = d.updates()
-    try:
-        return [await asyncio.wait_for(anext(it), 5) for _ in range(n)]
-    finally:
-        await it.aclose()
 
 
 async def test_ready_condition_filters_addresses(api: tuple[FakeApi, client.ApiClient]) -> None:
