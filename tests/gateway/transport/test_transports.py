@@ -4,9 +4,9 @@ loopback HTTP servers."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import AsyncIterator
-from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -23,11 +23,15 @@ async def slow_head(request: web.Request) -> web.Response:
 
 
 async def gappy_stream(request: web.Request) -> web.StreamResponse:
+    """One event after each of `gaps` (seconds); with `stamp`, each event carries the loop time
+    it was sent at (the client's loop: the server runs in the test's own)."""
     resp = web.StreamResponse()
     await resp.prepare(request)
+    loop = asyncio.get_running_loop()
     for gap in (float(g) for g in request.query["gaps"].split(",")):
         await asyncio.sleep(gap)
-        await resp.write(b"data: x\n\n")
+        await resp.write(b"data: %r\n\n" % loop.time() if "stamp" in request.query
+                         else b"data: x\n\n")
     return resp
 
 
@@ -187,10 +191,13 @@ async def test_abort_mid_stream_closes_the_connection(server: str) -> None:
 
 
 async def test_push_feeds_the_sink_until_the_body_ends(server: str, transport) -> None:
-    # Gaps of 0.2 s under an idle deadline of 0.3 s, 1 s in all: each read in push mode moves
-    # the deadline (the relay's task sleeps meanwhile and reads nothing itself).
-    t = transport(idle_s=0.3)
-    resp = await t.post(server + "/stream?gaps=0,0.2,0.2,0.2,0.2,0.2", b"{}", {}, streaming=True)
+    # Gaps of 0.25 s under an idle deadline of 0.8 s, 1.25 s in all: each read in push mode moves
+    # the deadline (the relay's task sleeps meanwhile and reads nothing itself). A deadline that
+    # did not move would fire 0.8 s in, whatever the load; one that does tolerates a stall of
+    # 0.55 s in any gap (a full GC of a loaded test process takes 0.4 s here).
+    t = transport(idle_s=0.8)
+    resp = await t.post(server + "/stream?stamp&gaps=0,0.25,0.25,0.25,0.25,0.25", b"{}", {},
+                        streaming=True)
     got: list[bytes] = []
     times: list[float] = []
 
@@ -200,10 +207,13 @@ async def test_push_feeds_the_sink_until_the_body_ends(server: str, transport) -
         return True
 
     await resp.push(sink)
-    assert b"".join(got) == b"data: x\n\n" * 6
-    # Each chunk comes with the loop time it arrived: 0.2 s apart, as the upstream sent them.
-    assert len(times) == 6
-    assert [b - a for a, b in pairwise(times)] == pytest.approx([0.2] * 5, abs=0.1)
+    assert len(got) == 6 and all(re.fullmatch(rb"data: [0-9.]+\n\n", c) for c in got), got
+    # Each chunk comes with the loop time it arrived: after the upstream sent it and before the
+    # upstream sent the next (0.25 s later). Ordered by causality, not measured against a
+    # tolerance, so a stalled loop cannot break it.
+    sent = [float(c[6:]) for c in got]
+    interleaved = [x for pair in zip(sent, times, strict=True) for x in pair]
+    assert interleaved == sorted(interleaved), (sent, times)
     assert await resp.readany() == b""  # the body is complete
     resp.release()
     await t.close()
