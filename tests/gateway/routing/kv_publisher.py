@@ -19,8 +19,14 @@ class Publisher:
     def __init__(self, ctx: zmq.asyncio.Context, port: int, replay: bool = True,
                  buffer: int = 10_000) -> None:
         self.port = port
-        self.pub = ctx.socket(zmq.PUB)
+        # XPUB where vLLM has PUB: the same socket to a subscriber, which also hands each
+        # subscription that reached it to the application, so that a test can wait for one
+        # (`subscribed`) instead of guessing how long its way takes. Verbose: every subscriber's,
+        # not only the first of a topic.
+        self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.subscriptions = 0
         self.pub.bind(f"tcp://127.0.0.1:{port}")
         self.router: zmq.asyncio.Socket | None = None
         if replay:
@@ -45,6 +51,18 @@ class Publisher:
         if publish:
             self.pub.send_multipart((b"", seq.to_bytes(8, "big"), payload))
         return seq
+
+    async def subscribed(self, n: int, timeout_s: float = 30.0) -> None:
+        """Return once `n` subscriptions in all have reached the publisher: from then on, what it
+        publishes reaches their subscribers (ZMQ drops what it publishes before)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self.subscriptions < n:
+                    if (await self.pub.recv())[:1] == b"\x01":  # \x00 is an unsubscription
+                        self.subscriptions += 1
+        except TimeoutError:
+            raise AssertionError(f"{self.subscriptions} of {n} subscriptions reached the "
+                                 f"publisher in {timeout_s:g} s") from None
 
     async def _serve(self) -> None:
         assert self.router is not None

@@ -24,7 +24,7 @@ async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
     c.destroy(linger=0)
 
 
-async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+async def until(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s
     while not predicate():
@@ -32,15 +32,18 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def subscribed(port: int) -> tuple[KvEvents, ReplicaIndex]:
-    events = KvEvents(KvSettings(endpoints={URL: f"tcp://127.0.0.1:{port}"},
-                                 replay_timeout_s=2))
+async def subscribed(pub: Publisher) -> tuple[KvEvents, ReplicaIndex]:
+    """A gateway's subscriber to `pub`, returned once its subscription reached the publisher:
+    ZMQ drops what is published before (a later batch replays it, but a test's only batch would
+    be lost), and the subscription takes its way after the connection, on a loaded machine
+    longer than any fixed wait."""
+    want = pub.subscriptions + 1
+    events = KvEvents(KvSettings(endpoints={URL: f"tcp://127.0.0.1:{pub.port}"},
+                                 replay_timeout_s=10))
     events.follow([URL])
     index = events.indexes[URL]
     await until(lambda: not index.stale)  # connected
-    # ZMQ's subscription reaches the publisher after the connection; what is published before
-    # is dropped (and a later batch replays it, but a test's only batch would be lost).
-    await asyncio.sleep(0.4)
+    await pub.subscribed(want)
     return events, index
 
 
@@ -55,7 +58,7 @@ def test_endpoints_follow_the_replica_host_or_the_explicit_map() -> None:
 async def test_batches_build_the_index(ctx: zmq.asyncio.Context) -> None:
     port = free_port_pair()
     pub = Publisher(ctx, port)
-    events, index = await subscribed(port)
+    events, index = await subscribed(pub)
     try:
         pub.batch(stored(1, 2, 3))
         pub.batch(removed(2), stored(4))
@@ -71,7 +74,7 @@ async def test_a_late_subscriber_replays_what_it_missed(ctx: zmq.asyncio.Context
     pub = Publisher(ctx, port)
     pub.batch(stored(1, 2))  # before anyone listened: ZMQ drops it
     pub.batch(removed(1))
-    events, index = await subscribed(port)
+    events, index = await subscribed(pub)
     try:
         pub.batch(stored(3))
         await until(lambda: index.seq == 2)
@@ -85,7 +88,7 @@ async def test_a_gap_is_replayed_and_one_the_buffer_lost_clears(
         ctx: zmq.asyncio.Context) -> None:
     port = free_port_pair()
     pub = Publisher(ctx, port, buffer=3)
-    events, index = await subscribed(port)
+    events, index = await subscribed(pub)
     try:
         pub.batch(stored(1, 2))
         await until(lambda: index.seq == 0)
@@ -108,7 +111,7 @@ async def test_a_new_engine_on_the_same_address_starts_a_new_index(
         ctx: zmq.asyncio.Context) -> None:
     port = free_port_pair()
     pub = Publisher(ctx, port)
-    events, index = await subscribed(port)
+    events, index = await subscribed(pub)
     try:
         for h in (1, 2, 3):
             pub.batch(stored(h))
@@ -119,7 +122,7 @@ async def test_a_new_engine_on_the_same_address_starts_a_new_index(
         assert not index.blocks and events.restarts >= 1 and index.generation >= 1
         pub = Publisher(ctx, port)  # the restarted engine: its sequence starts at 0 again
         await until(lambda: not index.stale)
-        await asyncio.sleep(0.4)
+        await pub.subscribed(1)
         pub.batch(stored(9))
         await until(lambda: index.seq == 0)
         assert list(index.blocks) == [9]
@@ -132,7 +135,7 @@ async def test_a_sequence_that_goes_back_clears_the_index(ctx: zmq.asyncio.Conte
     # A restart faster than the disconnection is seen: the sequence number tells.
     port = free_port_pair()
     pub = Publisher(ctx, port)
-    events, index = await subscribed(port)
+    events, index = await subscribed(pub)
     try:
         pub.batch(stored(1))
         pub.batch(stored(2))
@@ -150,7 +153,7 @@ async def test_a_sequence_that_goes_back_clears_the_index(ctx: zmq.asyncio.Conte
 async def test_replicas_that_leave_are_unsubscribed(ctx: zmq.asyncio.Context) -> None:
     port = free_port_pair()
     pub = Publisher(ctx, port)
-    events, _ = await subscribed(port)
+    events, _ = await subscribed(pub)
     try:
         events.follow([])
         assert events.indexes == {} and not events._tasks
@@ -164,7 +167,7 @@ async def test_gateway_replicas_each_subscribing_see_the_same_index(
     port = free_port_pair()
     pub = Publisher(ctx, port)
     pub.batch(stored(1, 2))  # before either subscribed
-    (a, ia), (b, ib) = await subscribed(port), await subscribed(port)
+    (a, ia), (b, ib) = await subscribed(pub), await subscribed(pub)
     try:
         pub.batch(stored(3), removed(1))
         await until(lambda: ia.seq == 1 and ib.seq == 1)
