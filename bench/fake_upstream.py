@@ -555,6 +555,8 @@ class _Protocol(asyncio.Protocol):
                 delay = b.tail_delay_s
             if delay:
                 await asyncio.sleep(delay)
+            if u._held is not None and i == u._held[0]:
+                await u._held[1].wait()
             if self.transport is None:
                 u.aborted += 1
                 raise ConnectionError("client went away mid-stream")
@@ -591,6 +593,8 @@ class FakeUpstream:
         self.tasks: set[asyncio.Future[None]] = set()
         self.waiting = 0  # completions waiting for one of `max_num_seqs` slots now
         self._slots: asyncio.Semaphore | None = None  # made in the serving loop
+        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop
+        self._held: tuple[int, asyncio.Event] | None = None  # see hold()
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -611,6 +615,17 @@ class FakeUpstream:
         finally:
             self._slots.release()
 
+    def hold(self, after: int) -> None:
+        """Streams sent at a pace (a delay set) stop after `after` events until `release()`: a
+        test that releases them once its client has those events knows the client got them
+        while the upstream still held the rest (no proxy between them buffered the stream)."""
+        self._held = (after, asyncio.Event())
+
+    def release(self) -> None:
+        """Let the streams held by `hold` go on; from any thread."""
+        if self._held is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._held[1].set)
+
     def drop_connections(self) -> None:
         """Abort every open client connection (keep-alive ones included)."""
         for conn in list(self.connections):
@@ -623,7 +638,7 @@ class FakeUpstream:
 
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> asyncio.Server:
         """Listen in the running loop; the caller owns (closes) the returned server."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         server = await loop.create_server(lambda: _Protocol(self), host, port, backlog=4096)
         self.host, self.port = host, server.sockets[0].getsockname()[1]
         return server

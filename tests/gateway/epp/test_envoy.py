@@ -56,19 +56,28 @@ def test_same_answers_as_the_gateway(upstreams: UpstreamFactory, envoy: Callable
         assert sum(u.completions for u in ups) >= 2 * 5
 
 
-@pytest.mark.slow  # seconds of timed streams: the full tier
+@pytest.mark.slow  # a real Envoy and a stream: the full tier
 def test_streams_are_not_buffered(upstreams: UpstreamFactory,
                                   envoy: Callable[..., Envoy]) -> None:
-    up = upstreams(tokens=10, token_delay_s=0.1)
+    # The upstream sends the role event and the first token, then holds the rest until the
+    # client has read those two: through a proxy that buffered the stream (whole, or past its
+    # first token) they would never come, and the read would time out. Ordered by what the
+    # client saw, not by the clock, so a loaded machine cannot fail it (the arrival times
+    # measured before, first event < 0.5 s, failed under load).
+    up = upstreams(tokens=10, token_delay_s=0.01)
+    up.hold(after=2)
     with run_epp(backends=[url_of(up)]) as epp:
         proxy = envoy(epp_port=epp.port)
-        t0 = time.monotonic()
-        arrivals = []
-        with httpx.stream("POST", proxy.url + CHAT, json=chat(True), timeout=10) as r:
-            for _ in r.iter_lines():
-                arrivals.append(time.monotonic() - t0)
-    # 10 tokens 0.1 s apart: the first event long before the end, not all at once.
-    assert arrivals[0] < 0.5 and arrivals[-1] > 0.9, arrivals
+        try:
+            with httpx.stream("POST", proxy.url + CHAT, json=chat(True), timeout=10) as r:
+                lines = (line for line in r.iter_lines() if line)
+                first = [next(lines), next(lines)]
+                up.release()
+                rest = list(lines)
+        finally:
+            up.release()
+    assert '"role":"assistant"' in first[0] and '"content":' in first[1], first
+    assert len(first) + len(rest) == 10 + 3 and rest[-1] == "data: [DONE]", rest
 
 
 def test_a_client_cannot_choose_the_endpoint(upstreams: UpstreamFactory,
