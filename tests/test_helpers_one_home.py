@@ -16,6 +16,9 @@ HOMES = {
     "scrape": "waiting.py",
     "write_keys": "gateway/conftest.py",
     "collect": "kubeapi.py",
+    "conversation": "e2e/conftest.py",
+    "assert_stored": "e2e/conftest.py",
+    "cancel_answer": "e2e/conftest.py",
 }
 
 

@@ -14,6 +14,7 @@ from openai import OpenAI
 
 from devstack.procs import Proc
 from devstack.stack import LocalStack, wait_http_ok
+from tests import loopback
 from tests.ports import free_port, free_port_pair, free_port_run
 
 if TYPE_CHECKING:
@@ -121,3 +122,20 @@ def conversation(bases: list[str], model: str) -> list[tuple[str, str]]:
         out.append((r.id, r.output_text))
         previous = r.id
     return out
+
+
+def assert_stored(base: str, turns: list[tuple[str, str]]) -> None:
+    """Every turn of a conversation() is found by its id at `base`, with its text."""
+    for rid, text in turns:
+        r = loopback.get(f"{base}/v1/responses/{rid}", timeout=30)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["id"] == rid
+        assert "".join(c["text"] for o in got["output"] if o["type"] == "message"
+                       for c in o["content"] if c["type"] == "output_text") == text
+
+
+def cancel_answer(base: str, turns: list[tuple[str, str]]) -> tuple[int, str]:
+    """The status and error message of cancelling a conversation()'s last, finished response."""
+    r = loopback.post(f"{base}/v1/responses/{turns[-1][0]}/cancel", timeout=30)
+    return r.status_code, r.json()["error"]["message"]

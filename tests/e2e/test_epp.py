@@ -14,8 +14,7 @@ from openai import OpenAI
 
 from bench.envoy import Envoy
 from devstack.stack import LocalStack
-from tests import loopback
-from tests.e2e.conftest import conversation
+from tests.e2e.conftest import assert_stored, cancel_answer, conversation
 from tests.gateway.epp.conftest import RunningEpp, host_port, run_epp
 
 pytestmark = pytest.mark.engine
@@ -127,17 +126,7 @@ def test_a_responses_conversation_through_envoy_stays_on_its_replica(
         through = conversation([proxy.url], model_name)
         reference = conversation([stack.gateway_url], model_name)
         assert [t for _, t in through] == [t for _, t in reference]
-        for rid, text in through:
-            r = loopback.get(f"{proxy.url}/v1/responses/{rid}", timeout=30)
-            assert r.status_code == 200, r.text
-            got = r.json()
-            assert got["id"] == rid
-            assert "".join(c["text"] for o in got["output"] if o["type"] == "message"
-                           for c in o["content"] if c["type"] == "output_text") == text
+        assert_stored(proxy.url, through)
         # vLLM's own answer for a finished response, as its replica gives it through the
         # gateway (not the other replica's 404 for an id it never saw).
-        r = loopback.post(f"{proxy.url}/v1/responses/{through[-1][0]}/cancel", timeout=30)
-        g = loopback.post(f"{stack.gateway_url}/v1/responses/{reference[-1][0]}/cancel",
-                          timeout=30)
-        assert (r.status_code, r.json()["error"]["message"]) == (
-            g.status_code, g.json()["error"]["message"])
+        assert cancel_answer(proxy.url, through) == cancel_answer(stack.gateway_url, reference)

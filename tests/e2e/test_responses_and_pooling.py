@@ -25,7 +25,7 @@ from openai import OpenAI
 from devstack.procs import Proc
 from devstack.stack import CPU_FLOW_ARGS, LocalStack, wait_http_ok
 from tests import loopback
-from tests.e2e.conftest import TURNS, conversation
+from tests.e2e.conftest import TURNS, assert_stored, cancel_answer, conversation
 from tests.ports import free_port
 from tests.redisserver import RedisServer, redis_server
 
@@ -75,22 +75,12 @@ def test_a_three_turn_conversation_through_two_gateways_answers_as_one_engine(
     assert [t for _, t in through] == [t for _, t in direct]
     assert "Paris" in through[0][1]
     # Every turn's response by id, through either gateway: the replica that holds it answers.
-    for rid, text in through:
-        for base in gateways:
-            r = loopback.get(f"{base}/v1/responses/{rid}", timeout=30)
-            assert r.status_code == 200, r.text
-            got = r.json()
-            assert got["id"] == rid
-            assert "".join(c["text"] for o in got["output"] if o["type"] == "message"
-                           for c in o["content"] if c["type"] == "output_text") == text
+    for base in gateways:
+        assert_stored(base, through)
     # Cancel: vLLM's own answer for a finished response, from its replica (not a 404 from the
     # other one, which has never seen it).
     for base in gateways:
-        r = loopback.post(f"{base}/v1/responses/{through[-1][0]}/cancel", timeout=30)
-        direct_cancel = loopback.post(
-            f"{stack.worker_urls[0]}/v1/responses/{direct[-1][0]}/cancel", timeout=30)
-        assert (r.status_code, r.json()["error"]["message"]) == (
-            direct_cancel.status_code, direct_cancel.json()["error"]["message"])
+        assert cancel_answer(base, through) == cancel_answer(stack.worker_urls[0], direct)
 
 
 def _without_ids(body: dict[str, Any]) -> dict[str, Any]:
