@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 from typing import Any
 
 from kubernetes import client, watch
@@ -25,6 +26,8 @@ from gateway.routing.discovery.kubernetes import (
     Emit,
     Watching,
     default_api_client,
+    follow,
+    listed,
     own_namespace,
 )
 
@@ -81,24 +84,15 @@ class InferencePoolPods(Watching):
             try:
                 pool = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, self._pool)
                 selector, ports = pool_spec(pool)
-                listed: Any = core.list_namespaced_pod(ns, label_selector=selector)
-                pods = {p.metadata.name: pod_urls(p, ports) for p in listed.items}
-                emit(frozenset().union(*pods.values()))
+                answer: Any = core.list_namespaced_pod(ns, label_selector=selector)
+                urls_of = partial(pod_urls, ports=ports)
+                pods = listed(answer.items, urls_of, emit)
                 w: Any = watch.Watch()  # type: ignore[no-untyped-call]
-                for event in w.stream(core.list_namespaced_pod, ns, label_selector=selector,
-                                      resource_version=listed.metadata.resource_version,
-                                      timeout_seconds=self._watch_timeout_s):
-                    if stop.is_set():
-                        return
-                    kind = event["type"]
-                    if kind not in ("ADDED", "MODIFIED", "DELETED"):
-                        continue  # BOOKMARK: only moves the resourceVersion
-                    obj: Any = event["object"]
-                    if kind == "DELETED":
-                        pods.pop(obj.metadata.name, None)
-                    else:
-                        pods[obj.metadata.name] = pod_urls(obj, ports)
-                    emit(frozenset().union(*pods.values()))
+                events = w.stream(core.list_namespaced_pod, ns, label_selector=selector,
+                                  resource_version=answer.metadata.resource_version,
+                                  timeout_seconds=self._watch_timeout_s)
+                if not follow(events, pods, urls_of, stop, emit):
+                    return
                 # The watch timed out: read the pool again (selector, ports) and list again.
             except ApiException as exc:
                 if exc.status == _GONE:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
+from functools import partial
 from typing import Any
 
 from kubernetes import client, config, watch
@@ -62,6 +63,33 @@ def slice_urls(slice_obj: Any, port: int | str) -> frozenset[str]:
         for ep in slice_obj.endpoints or []
         if ep.conditions is None or ep.conditions.ready is not False
         for a in ep.addresses or [])
+
+
+def listed(items: Iterable[Any], urls_of: Callable[[Any], frozenset[str]],
+           emit: Emit) -> dict[str, frozenset[str]]:
+    """A list answer's objects as name -> URLs; every URL among them is emitted."""
+    known = {obj.metadata.name: urls_of(obj) for obj in items}
+    emit(frozenset().union(*known.values()))
+    return known
+
+
+def follow(events: Iterable[dict[str, Any]], known: dict[str, frozenset[str]],
+           urls_of: Callable[[Any], frozenset[str]], stop: threading.Event, emit: Emit) -> bool:
+    """A watch stream's changes applied to `known` (object name -> its URLs), every URL emitted
+    after each one. False if `stop` was set during the stream, True when the stream ended."""
+    for event in events:
+        if stop.is_set():
+            return False
+        kind = event["type"]
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            continue  # BOOKMARK: only moves the resourceVersion
+        obj: Any = event["object"]
+        if kind == "DELETED":
+            known.pop(obj.metadata.name, None)
+        else:
+            known[obj.metadata.name] = urls_of(obj)
+        emit(frozenset().union(*known.values()))
+    return True
 
 
 class Watching:
@@ -125,33 +153,20 @@ class Kubernetes(Watching):
         # The client's models are loosely typed; treat its objects as Any at this boundary.
         api: Any = client.DiscoveryV1Api(self._api_client)
         selector = f"{SERVICE_LABEL}={self._service}"
+        urls_of = partial(slice_urls, port=self._port)
         while not stop.is_set():
             try:
-                listed: Any = api.list_namespaced_endpoint_slice(
+                answer: Any = api.list_namespaced_endpoint_slice(
                     self._namespace, label_selector=selector)
-                slices = {s.metadata.name: slice_urls(s, self._port) for s in listed.items}
-                emit(frozenset().union(*slices.values()))
-                rv = listed.metadata.resource_version
+                slices = listed(answer.items, urls_of, emit)
+                rv = answer.metadata.resource_version
                 w: Any = watch.Watch()  # type: ignore[no-untyped-call]
                 while not stop.is_set():
-                    for event in w.stream(
-                        api.list_namespaced_endpoint_slice,
-                        self._namespace,
-                        label_selector=selector,
-                        resource_version=rv,
-                        timeout_seconds=self._watch_timeout_s,
-                    ):
-                        if stop.is_set():
-                            return
-                        kind = event["type"]
-                        if kind not in ("ADDED", "MODIFIED", "DELETED"):
-                            continue  # BOOKMARK: only moves the resourceVersion
-                        obj: Any = event["object"]
-                        if kind == "DELETED":
-                            slices.pop(obj.metadata.name, None)
-                        else:
-                            slices[obj.metadata.name] = slice_urls(obj, self._port)
-                        emit(frozenset().union(*slices.values()))
+                    events = w.stream(api.list_namespaced_endpoint_slice, self._namespace,
+                                      label_selector=selector, resource_version=rv,
+                                      timeout_seconds=self._watch_timeout_s)
+                    if not follow(events, slices, urls_of, stop, emit):
+                        return
                     # The server closed an idle watch (timeout_seconds): resume where we were.
                     rv = w.resource_version or rv
             except ApiException as exc:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from gateway.routing.discovery.base import DiscoveryError
-from gateway.routing.discovery.kubernetes import Kubernetes
+from gateway.routing.discovery.kubernetes import Kubernetes, follow, listed
 from tests.kubeapi import JsonHandler, collect, serving
 
 PATH = "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices"
@@ -207,3 +208,25 @@ async def test_a_terminating_pod_leaves_at_once_though_it_still_serves(
         {"http://10.0.0.1:8000", "http://10.0.0.2:8000"},
         {"http://10.0.0.1:8000"},
     ]
+
+
+def test_follow_applies_changes_skips_bookmarks_and_stops() -> None:
+    """The watch loop both Kubernetes discoveries share (EndpointSlices, InferencePool pods)."""
+    def obj(name: str) -> SimpleNamespace:
+        return SimpleNamespace(metadata=SimpleNamespace(name=name))
+
+    def urls_of(o: SimpleNamespace) -> frozenset[str]:
+        return frozenset({f"http://{o.metadata.name}:1"})
+
+    emitted: list[frozenset[str]] = []
+    stop = threading.Event()
+    known = listed([obj("a")], urls_of, emitted.append)
+    assert known == {"a": {"http://a:1"}} and emitted == [{"http://a:1"}]
+    events = [{"type": "ADDED", "object": obj("b")}, {"type": "BOOKMARK", "object": obj("x")},
+              {"type": "DELETED", "object": obj("a")}, {"type": "MODIFIED", "object": obj("b")}]
+    assert follow(iter(events), known, urls_of, stop, emitted.append) is True
+    assert emitted[1:] == [{"http://a:1", "http://b:1"}, {"http://b:1"}, {"http://b:1"}]
+    assert known == {"b": {"http://b:1"}}
+    stop.set()  # the consumer left: the stream is abandoned before its next event is applied
+    assert follow(iter(events), known, urls_of, stop, emitted.append) is False
+    assert len(emitted) == 4
