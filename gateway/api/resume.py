@@ -31,6 +31,7 @@ from gateway.api.inflight import Exchange
 from gateway.api.replicas import check_answer
 from gateway.api.resume_splice import ERROR_EVENT, ResumeSplice
 from gateway.api.schemas import ParsedRequest, lax_true
+from gateway.api.splice import whole_events
 from gateway.api.sse import DONE_EVENT, EVENT_END, stamp_fingerprint
 from gateway.errors import GatewayError, UpstreamFailed, UpstreamTimeout
 from gateway.metrics import ResumeOutcome
@@ -366,14 +367,11 @@ async def _relay(d: ProxyDeps, stream: _Stream, target: Backend, send: Send) -> 
             if not data:
                 raise UpstreamFailed("replica ended the resumed stream without [DONE]")
             now = loop.time()
-            data = rest + data
-            cut = data.rfind(EVENT_END)
-            if cut < 0:
-                rest = data
+            whole, rest = whole_events(rest, data)
+            if not whole:
                 continue
-            rest = data[cut + 2:]
             out: list[bytes] = []
-            for event in data[:cut].split(EVENT_END):
+            for event in whole[:-2].split(EVENT_END):
                 framed = stream.reframe(event, before)
                 if framed is not None:
                     out.append(framed)

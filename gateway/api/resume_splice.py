@@ -15,7 +15,7 @@ held bytes are what the client gets if it cannot be (today's error, unchanged).
 
 from __future__ import annotations
 
-from gateway.api.splice import Splice
+from gateway.api.splice import Splice, whole_events
 from gateway.api.sse import EVENT_END
 
 TOKEN_IDS = b',"token_ids":['
@@ -62,7 +62,7 @@ class ResumeSplice(Splice):
         if self.broken:
             return False
         if self.rest or chunk[-2:] != EVENT_END:
-            chunk = self._complete(chunk)
+            chunk, self.rest = whole_events(self.rest, chunk)
             if not chunk:
                 return True
         if chunk.find(b'token_ids":[') >= 0:
@@ -82,20 +82,6 @@ class ResumeSplice(Splice):
     def flush(self) -> bytes:
         rest, self.rest = self.rest, b""
         return rest
-
-    def _complete(self, chunk: bytes) -> bytes:
-        """The whole events that `rest` and `chunk` make; keep the partial rest in `rest`."""
-        if self.rest:
-            chunk = self.rest + chunk
-            self.rest = b""
-        if chunk.endswith(EVENT_END):
-            return chunk
-        cut = chunk.rfind(EVENT_END)
-        if cut < 0:
-            self.rest = chunk
-            return b""
-        self.rest = chunk[cut + 2 :]
-        return chunk[: cut + 2]
 
     def _take_ids(self, chunk: bytes) -> bytes:
         """Record the ids of a chunk of whole events; blank them unless the client asked."""

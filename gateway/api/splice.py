@@ -62,6 +62,19 @@ class ClientWriter:
             self.lost()
 
 
+def whole_events(partial: bytes, chunk: bytes) -> tuple[bytes, bytes]:
+    """The whole events that a held `partial` event and `chunk` make, and the partial event
+    left after them (b"" when `chunk` ends an event)."""
+    if partial:
+        chunk = partial + chunk
+    if chunk.endswith(EVENT_END):
+        return chunk, b""
+    cut = chunk.rfind(EVENT_END)
+    if cut < 0:
+        return b"", chunk
+    return chunk[: cut + 2], chunk[cut + 2 :]
+
+
 class Splice:
     """`feed` is the sink the upstream transport calls with each read's body.
 
@@ -105,7 +118,7 @@ class Splice:
     def feed(self, chunk: bytes, now: float) -> bool:
         """Relay one read's body, which arrived at `now`; False: stop feeding me."""
         if self.pending or chunk[-2:] != EVENT_END:
-            chunk = self._whole_events(chunk)
+            chunk, self.pending = whole_events(self.pending, chunk)
             if not chunk:
                 return True  # a partial event: held until its end arrives
         # find(), not `in`: for bytes, `in` first tries its operand as an integer, and raises and
@@ -186,17 +199,3 @@ class Splice:
         """The terminal events still deferred (whole events): before an in-band error."""
         rest, self.deferred = self.deferred, b""
         return rest
-
-    def _whole_events(self, chunk: bytes) -> bytes:
-        """The whole events that `pending` and `chunk` make; keep the partial rest in `pending`."""
-        if self.pending:
-            chunk = self.pending + chunk
-            self.pending = b""
-        if chunk.endswith(EVENT_END):
-            return chunk
-        cut = chunk.rfind(EVENT_END)
-        if cut < 0:
-            self.pending = chunk
-            return b""
-        self.pending = chunk[cut + 2 :]
-        return chunk[: cut + 2]

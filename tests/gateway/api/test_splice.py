@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.api.splice import Splice
+from gateway.api.splice import Splice, whole_events
 from tests.gateway.conftest import ClientWriter
 
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
@@ -218,3 +218,16 @@ def test_a_terminal_event_and_done_in_one_read_without_usage_end_the_stream() ->
     assert s.feed(_choice_event(0, "", finish=True) + DONE, 0.2) is False
     assert s.saw_done and s.final == _choice_event(0, "", finish=True) + DONE
     assert w.written == [_choice_event(0, "a")] and s.flush() == b""
+
+
+@pytest.mark.parametrize(("partial", "chunk", "whole", "left"), [
+    (b"", b"data: a\n\n", b"data: a\n\n", b""),
+    (b"", b"data: a", b"", b"data: a"),
+    (b"data: a", b"\n\ndata: b\n\ndata: c", b"data: a\n\ndata: b\n\n", b"data: c"),
+    (b"data: a\n", b"\n", b"data: a\n\n", b""),  # the event's end split between two reads
+    (b"data: a", b"bc", b"", b"data: abc"),
+])
+def test_whole_events_cut_at_the_last_event_end(
+        partial: bytes, chunk: bytes, whole: bytes, left: bytes) -> None:
+    # The one cut that Splice, ResumeSplice and a resumed stream's relay all make.
+    assert whole_events(partial, chunk) == (whole, left)
