@@ -147,6 +147,16 @@ worker_env = {
     },
 }
 seconds = i(0)
+# A pod's metadata and scheduling, alike for the gateway's pods and every pool's workers.
+POD_PLACEMENT: dict[str, Any] = {
+    "podAnnotations": STRMAP,
+    "podLabels": STRMAP,
+    "nodeSelector": STRMAP,
+    "tolerations": LIST,
+    "affinity": MAP,
+    "topologySpreadConstraints": LIST,
+    "priorityClassName": s(),
+}
 # Keys a pool shares with workerDefaults (placement, resources, lifecycle).
 INFRA: dict[str, Any] = {
     "image": image_opt,
@@ -203,13 +213,7 @@ INFRA: dict[str, Any] = {
     ),
     "env": worker_env,
     "podDisruptionBudget": pdb,
-    "podAnnotations": STRMAP,
-    "podLabels": STRMAP,
-    "nodeSelector": STRMAP,
-    "tolerations": LIST,
-    "affinity": MAP,
-    "topologySpreadConstraints": LIST,
-    "priorityClassName": s(),
+    **POD_PLACEMENT,
 }
 NAME = s(
     pattern=rules.POOL_NAME_PATTERN,
@@ -502,13 +506,7 @@ SCHEMA: dict[str, Any] = {
                 ),
                 "podDisruptionBudget": pdb,
                 "serviceAccount": obj({"create": B, "name": s(), "annotations": STRMAP}),
-                "podAnnotations": STRMAP,
-                "podLabels": STRMAP,
-                "nodeSelector": STRMAP,
-                "tolerations": LIST,
-                "affinity": MAP,
-                "topologySpreadConstraints": LIST,
-                "priorityClassName": s(),
+                **POD_PLACEMENT,
             },
             allOf=[
                 {
