@@ -19,6 +19,7 @@ HOMES = {
     "conversation": "e2e/conftest.py",
     "assert_stored": "e2e/conftest.py",
     "cancel_answer": "e2e/conftest.py",
+    "gateway_loads_keys": "deploy/conftest.py",
 }
 
 

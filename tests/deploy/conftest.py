@@ -6,17 +6,30 @@ invariant tests read the same releases many times.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import helm_python
 import pytest
 
+from gateway.flow.keys import KeyFileError, load_keys
 from tests.deploy.manifests import CHART, PRESETS, Release, load_values, render
 
 S3 = {"s3": "s3://models/demo-model/main"}
 # A key whose digest one matrix case puts in the chart's API-keys Secret.
 DEMO_API_KEY = "sk-llmserve-chart-test"
+
+
+def gateway_loads_keys(keys: list[dict[str, Any]], path: Path) -> bool:
+    """Whether the gateway loads `keys` as its API keys file (written to `path`) or refuses it."""
+    path.write_text(json.dumps({"keys": keys}), encoding="utf-8")
+    try:
+        load_keys(path)
+    except KeyFileError:
+        return False
+    return True
 
 
 def _pool(name: str, **extra: Any) -> dict[str, Any]:

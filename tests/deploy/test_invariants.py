@@ -11,8 +11,8 @@ from typing import Any
 import helm_python
 import pytest
 
-from gateway.flow.keys import KeyFileError, load_keys
-from tests.deploy.conftest import DEMO_API_KEY
+from gateway.flow.keys import load_keys
+from tests.deploy.conftest import DEMO_API_KEY, gateway_loads_keys
 from tests.deploy.manifests import (
     NAMESPACE,
     TEST_REGISTRY,
@@ -540,14 +540,7 @@ def test_the_chart_refuses_the_tenant_limits_the_gateway_refuses(
     refuse at start-up (a CrashLoop) fails the render instead, and one it loads renders."""
     keys = [{"tenant": "acme", "sha256": _ACME_1, **first},
             {"tenant": "acme", "sha256": _ACME_2, **second}]
-    path = tmp_path / "keys.json"
-    path.write_text(json.dumps({"keys": keys}), encoding="utf-8")
-    try:
-        load_keys(path)
-        gateway_loads = True
-    except KeyFileError:
-        gateway_loads = False
-    assert gateway_loads is agree
+    assert gateway_loads_keys(keys, tmp_path / "keys.json") is agree
     values = {"gateway": {"apiKeys": {"enabled": True, "keys": keys}}}
     if agree:
         render(values)

@@ -21,10 +21,11 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gateway.flow.keys import KeyFileError, KeyStore, load_keys
+from gateway.flow.keys import KeyStore, load_keys
 from gateway.settings import ADMIN_KEY_MIN, GatewaySettings, declared_adapters, wake_budgets
 from model_store.errors import UsageError
 from model_store.s3url import S3Url
+from tests.deploy.conftest import gateway_loads_keys
 from tests.deploy.manifests import REPO, Release, env_of, render
 from worker import rules
 from worker.settings import WorkerSettings
@@ -267,12 +268,7 @@ def keys_agree(keys: list[dict[str, Any]], tmp_path: Path,
     """Assert the chart renders `keys` exactly when the gateway loads them as its keys file; the
     keys the gateway loads from the chart's Secret, if rendered."""
     path = tmp_path / "keys.json"
-    path.write_text(json.dumps({"keys": keys}), encoding="utf-8")
-    try:
-        load_keys(path)
-        python = True
-    except KeyFileError:
-        python = False
+    python = gateway_loads_keys(keys, path)
     rel = both({"gateway": {"apiKeys": {"enabled": True, "keys": keys}}}, chart, python)
     if rel is None:
         return None
