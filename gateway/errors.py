@@ -12,7 +12,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from math import ceil
 from time import monotonic
-from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -20,6 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Send
+
+from gateway.jsonobj import json_object
 
 log = logging.getLogger("gateway.errors")
 
@@ -182,11 +183,8 @@ def upstream_error_body(
     byte for byte; else the gateway's own error body. A body that is not an error
     object (an HTML page from a proxy in front of the engine, say) is never relayed: it may name
     internal hosts; `warnings` (the log) gets it."""
-    try:
-        data: Any = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        data = None
-    if isinstance(data, dict):
+    data = json_object(body)
+    if data is not None:
         err = data.get("error")
         if not (isinstance(err, dict) and isinstance(err.get("message"), str)):
             err = data

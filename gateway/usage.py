@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
+from gateway.jsonobj import json_object
 
 
 def usage_counts(usage: Any, lenient: bool = False) -> tuple[int, int] | None:
@@ -36,8 +36,5 @@ def usage_counts(usage: Any, lenient: bool = False) -> tuple[int, int] | None:
 
 def body_usage(body: bytes, lenient: bool = False) -> tuple[int, int] | None:
     """`usage_counts` of a whole JSON answer; None when the body is not a JSON object."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return usage_counts(obj.get("usage"), lenient) if isinstance(obj, dict) else None
+    obj = json_object(body)
+    return usage_counts(obj.get("usage"), lenient) if obj is not None else None

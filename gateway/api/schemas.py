@@ -11,11 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from gateway.api.endpoints import Endpoint, Kind
 from gateway.api.form import form_fields
 from gateway.errors import UnsupportedMediaType
+from gateway.jsonobj import json_object
 
 
 @dataclass(slots=True)
@@ -31,20 +30,10 @@ class ParsedRequest:
     readable: bool = True
 
 
-def _json_object(raw: bytes) -> dict[str, Any] | None:
-    if not raw:
-        return None
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
 def parse_request(raw: bytes, kind: Kind) -> ParsedRequest:
     """A completion request (chat or not). Never raises: what the gateway cannot read is
     forwarded for the engine to answer."""
-    body = _json_object(raw)
+    body = json_object(raw)
     if body is None:
         return ParsedRequest(kind, {}, "", False, True, readable=False)
     m = body.get("model")
@@ -84,7 +73,7 @@ def parse_other(raw: bytes, endpoint: Endpoint, content_type: bytes) -> ParsedRe
         stream = lax_true(fields.get("stream"))
     else:
         if endpoint.route == "body":
-            body = _json_object(raw) or {}
+            body = json_object(raw) or {}
         m = body.get("model")
         model = m if isinstance(m, str) else ""
         stream = lax_true(body.get("stream"))

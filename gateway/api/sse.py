@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import orjson
 
+from gateway.jsonobj import json_object
 from gateway.usage import usage_counts
 
 EVENT_END = b"\n\n"
@@ -73,11 +74,8 @@ class Usage:
     def _record(self, event: bytes) -> bool:
         """Record the usage an event carries; True if it is the usage-only final chunk."""
         data = event[6:] if event.startswith(b"data: ") else event.partition(b"data:")[2]
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return False
-        if not isinstance(obj, dict):
+        obj = json_object(data)
+        if obj is None:
             return False
         usage = obj.get("usage")
         if usage is None and self._lenient:

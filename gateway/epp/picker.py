@@ -16,9 +16,6 @@ answer.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
 
 from gateway.api.auth import AuthMiddleware, bearer_token
 from gateway.api.deps import ProxyDeps
@@ -32,6 +29,7 @@ from gateway.flow.admission import Pool
 from gateway.flow.door import admit
 from gateway.flow.keys import KeyStore
 from gateway.flow.tenants import Tenant
+from gateway.jsonobj import json_object
 from gateway.routing.backend import Backend
 
 # The endpoints admitted and routed as the gateway's proxy does; the rest are only routed.
@@ -221,11 +219,6 @@ def _label(kind: Kind) -> str:
 
 
 def _model_of(body: bytes) -> str | None:
-    if not body:
-        return None
-    try:
-        obj: Any = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    model = obj.get("model") if isinstance(obj, dict) else None
+    obj = json_object(body)
+    model = obj.get("model") if obj is not None else None
     return model if isinstance(model, str) and model else None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import orjson
 
 from gateway.errors import GatewayError, RateLimitedLog
+from gateway.jsonobj import json_object
 from gateway.routing.backend import Backend
 from gateway.routing.router import Router
 from gateway.settings import LoraSettings
@@ -290,11 +291,8 @@ class Adapters:
 
 def _message(raw: bytes) -> str:
     """An engine's answer as one line: its error message when it sent an OpenAI error."""
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        doc = None
-    err = doc.get("error", doc) if isinstance(doc, dict) else None
+    doc = json_object(raw)
+    err = doc.get("error", doc) if doc is not None else None
     if isinstance(err, dict) and isinstance(err.get("message"), str):
         return str(err["message"])
     return raw[:300].decode("utf-8", "replace").strip()

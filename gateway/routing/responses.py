@@ -19,8 +19,7 @@ from collections.abc import Callable
 from time import monotonic
 from typing import Any
 
-import orjson
-
+from gateway.jsonobj import json_object
 from gateway.settings import FlowSettings, ResponsesSettings
 from gateway.shared_redis import REDIS_ERRORS, Outage, connect
 
@@ -46,11 +45,8 @@ def response_id_of(first: bytes) -> str | None:
 
 
 def _id(doc: bytes) -> str | None:
-    try:
-        obj = orjson.loads(doc)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict):
+    obj = json_object(doc)
+    if obj is None:
         return None
     # A whole answer is the response; a stream's event holds it under "response".
     inner = obj.get("response")
