@@ -98,24 +98,22 @@ def test_control_sigterm_to_the_server_alone_orphans_its_child(
     assert group_members(api) == [child]
 
 
+def launch(spawner: Spawner, model_dir: Path, pidfile: Path, *engine_args: str,
+           drain: float = 5, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """The launcher (`drain` s to drain) around the fake engine, stderr captured."""
+    return spawner.start(
+        [sys.executable, str(RUN_LAUNCHER), str(model_dir), str(drain), "--",
+         sys.executable, str(FAKE_ENGINE), str(pidfile), *engine_args],
+        stderr=subprocess.PIPE, env=env or {},
+    )
+
+
 def test_sigterm_ends_the_whole_group_despite_a_child_ignoring_it(
     tmp_path: Path, spawner: Spawner, make_model_dir: ModelDirFactory
 ) -> None:
     pidfile = tmp_path / "pids"
     drain = 1.0
-    launcher = spawner.start(
-        [
-            sys.executable,
-            str(RUN_LAUNCHER),
-            str(make_model_dir()),
-            str(drain),
-            "--",
-            sys.executable,
-            str(FAKE_ENGINE),
-            str(pidfile),
-        ],
-        stderr=subprocess.PIPE,
-    )
+    launcher = launch(spawner, make_model_dir(), pidfile, drain=drain)
     api, child = read_pids(pidfile, launcher)
     spawner.track(api)
     assert os.getpgid(api) == api != os.getpgid(launcher.pid)  # vLLM got a group of its own
@@ -138,20 +136,7 @@ def test_a_polite_engine_stops_without_sigkill(
 ) -> None:
     pidfile = tmp_path / "pids"
     drain = 20.0
-    launcher = spawner.start(
-        [
-            sys.executable,
-            str(RUN_LAUNCHER),
-            str(make_model_dir()),
-            str(drain),
-            "--",
-            sys.executable,
-            str(FAKE_ENGINE),
-            str(pidfile),
-            "--polite",
-        ],
-        stderr=subprocess.PIPE,
-    )
+    launcher = launch(spawner, make_model_dir(), pidfile, "--polite", drain=drain)
     api, child = read_pids(pidfile, launcher)
     spawner.track(api)
     started = time.monotonic()
@@ -167,21 +152,7 @@ def test_an_engine_crash_is_reported_and_its_orphans_are_killed(
     tmp_path: Path, spawner: Spawner, make_model_dir: ModelDirFactory
 ) -> None:
     pidfile = tmp_path / "pids"
-    launcher = spawner.start(
-        [
-            sys.executable,
-            str(RUN_LAUNCHER),
-            str(make_model_dir()),
-            "0.5",
-            "--",
-            sys.executable,
-            str(FAKE_ENGINE),
-            str(pidfile),
-            "--exit-code",
-            "3",
-        ],
-        stderr=subprocess.PIPE,
-    )
+    launcher = launch(spawner, make_model_dir(), pidfile, "--exit-code", "3", drain=0.5)
     _, stderr = launcher.communicate(timeout=30)
     api, child = pidfile.read_text(encoding="utf-8").split()
     spawner.track(int(api))
@@ -190,21 +161,11 @@ def test_an_engine_crash_is_reported_and_its_orphans_are_killed(
     assert group_members(int(api)) == [] and not alive(int(child))
 
 
-def launch_polite(spawner: Spawner, model_dir: Path, pidfile: Path, *engine_args: str,
-                  env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """The launcher (5 s drain) around the fake engine that stops on SIGTERM, stderr captured."""
-    return spawner.start(
-        [sys.executable, str(RUN_LAUNCHER), str(model_dir), "5", "--",
-         sys.executable, str(FAKE_ENGINE), str(pidfile), "--polite", *engine_args],
-        stderr=subprocess.PIPE, env=env or {},
-    )
-
-
 def test_nice_lowers_the_engine_sessions_priority(
     tmp_path: Path, spawner: Spawner, make_model_dir: ModelDirFactory
 ) -> None:
     pidfile = tmp_path / "pids"
-    launcher = launch_polite(spawner, make_model_dir(), pidfile, env={"WORKER_NICE": "7"})
+    launcher = launch(spawner, make_model_dir(), pidfile, "--polite", env={"WORKER_NICE": "7"})
     api, child = read_pids(pidfile, launcher)
     spawner.track(api)
     assert os.getpriority(os.PRIO_PROCESS, api) == 7
@@ -236,8 +197,8 @@ def test_a_cpu_engine_starts_on_its_bind_and_gets_the_cpus_back_once_it_serves(
     mine = _allowed(0)
     bind = min(mine)
     port = free_port()
-    launcher = launch_polite(
-        spawner, make_model_dir(), pidfile, "--worker-title", "--serve-port", str(port),
+    launcher = launch(
+        spawner, make_model_dir(), pidfile, "--polite", "--worker-title", "--serve-port", str(port),
         env={"ENGINE_BIND": str(bind), "WORKER_PORT": str(port), "WORKER_HOST": "127.0.0.1"})
     api, worker = read_pids(pidfile, launcher)
     spawner.track(api)
@@ -269,7 +230,7 @@ def test_an_engine_without_a_bind_starts_on_every_cpu(
     tmp_path: Path, spawner: Spawner, make_model_dir: ModelDirFactory
 ) -> None:
     pidfile = tmp_path / "pids"
-    launcher = launch_polite(spawner, make_model_dir(), pidfile)
+    launcher = launch(spawner, make_model_dir(), pidfile, "--polite")
     api, _ = read_pids(pidfile, launcher)
     spawner.track(api)
     assert _allowed(api) == _allowed(0)
