@@ -24,6 +24,7 @@ from gateway.flow.keys import hash_key
 from gateway.settings import GatewaySettings
 from tests import loopback
 from tests.ports import free_port
+from tests.redisserver import RedisServer, redis_server
 from tests.threadserver import serve_in_thread
 from tests.waiting import metric_sum, scrape
 
@@ -196,3 +197,10 @@ def write_keys(directory: Path, keys: dict[str, dict[str, Any]]) -> Path:
     path.write_text(json.dumps({"keys": [{"sha256": hash_key(key), **entry}
                                          for key, entry in keys.items()]}))
     return path
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server of the test's own (tests/redisserver.py), stopped after it."""
+    with redis_server(tmp_path) as server:
+        yield server

@@ -3,9 +3,6 @@ stored response reaches the replica that made it, through one gateway or two sha
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import orjson
 import pytest
 
@@ -13,7 +10,7 @@ from bench.fake_upstream import FakeUpstream
 from gateway.routing.responses import KEY_PREFIX
 from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
-from tests.redisserver import RedisServer, redis_server
+from tests.redisserver import RedisServer
 
 # Round robin: without the pin, requests about a response would alternate between the replicas.
 # One probe at start only, so an upstream's request count is the requests routed to it.
@@ -66,12 +63,6 @@ def test_an_unknown_id_is_routed_as_usual(upstreams: UpstreamFactory) -> None:
             r = loopback.get(gw.url + "/v1/responses/resp_unknown")
             assert r.status_code == 200 and r.json()["path"] == "/v1/responses/resp_unknown"
         assert _served(ups, before) == [3, 3]  # spread, not pinned
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    with redis_server(tmp_path) as server:
-        yield server
 
 
 @pytest.mark.redis

@@ -20,18 +20,12 @@ from gateway.metrics import GatewayMetrics
 from gateway.settings import FlowSettings
 from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, spawned_gateway, url_of, write_keys
-from tests.redisserver import RedisServer, redis_server
+from tests.redisserver import RedisServer
 
 REPO = Path(__file__).resolve().parents[3]
 BODY = {"model": "demo", "prompt": "hi", "max_tokens": 2}
 KEY = "sk-shared"
 RPM = 120
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    with redis_server(tmp_path) as server:
-        yield server
 
 
 def _keys_file(tmp_path: Path) -> Path:

@@ -4,15 +4,13 @@ bounded memory, and two gateway replicas sharing the map through a real Redis.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
 
 from gateway.routing.responses import KEY_PREFIX, ResponseHomes, response_id_of
 from gateway.settings import FlowSettings, ResponsesSettings
-from tests.redisserver import RedisServer, redis_server
+from tests.redisserver import RedisServer
 
 A, B = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
 RESPONSE = {"id": "resp_abc", "object": "response", "status": "completed", "output": []}
@@ -66,12 +64,6 @@ async def test_memory_forgets_the_least_recently_used_first_and_after_its_ttl() 
     assert len(homes) == 1  # r3 goes when asked for, not before
     assert await homes.home("r3") is None and len(homes) == 0
     assert await homes.home("never") is None
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    with redis_server(tmp_path) as server:
-        yield server
 
 
 def _shared(redis: RedisServer, ttl_s: float = 60) -> ResponseHomes:
