@@ -20,6 +20,7 @@ HOMES = {
     "assert_stored": "e2e/conftest.py",
     "cancel_answer": "e2e/conftest.py",
     "gateway_loads_keys": "deploy/conftest.py",
+    "probed_backends": "gateway/routing/conftest.py",
 }
 
 

@@ -11,13 +11,7 @@ from gateway.routing.affinity import PrefixAffinity, _Ring, prefix_hashes
 from gateway.routing.backend import Backend, CacheLife
 from gateway.routing.policy import RouteRequest
 from gateway.settings import AffinitySettings
-
-
-def backends(n: int) -> tuple[Backend, ...]:
-    out = tuple(Backend(f"http://10.0.0.{i}:8000") for i in range(n))
-    for b in out:
-        b.probe_ok = True
-    return out
+from tests.gateway.routing.conftest import probed_backends
 
 
 def system_prompt(i: int) -> str:
@@ -54,7 +48,7 @@ def test_prefix_hashes_extend_with_the_prompt() -> None:
 
 
 def test_each_session_stays_on_one_replica_and_sessions_spread() -> None:
-    pool = backends(3)
+    pool = probed_backends(3)
     policy = PrefixAffinity()
     sessions = [Session(i) for i in range(60)]
     homes: dict[int, set[str]] = {i: set() for i in range(60)}
@@ -72,7 +66,7 @@ def test_each_session_stays_on_one_replica_and_sessions_spread() -> None:
 
 
 def test_explicit_key_wins_over_the_prompt() -> None:
-    pool = backends(4)
+    pool = probed_backends(4)
     policy = PrefixAffinity()
     first = policy.pick(pool, RouteRequest("m", "user-42", b"a" * 2000))
     for i in range(20):
@@ -81,7 +75,7 @@ def test_explicit_key_wins_over_the_prompt() -> None:
 
 
 def test_short_prompts_without_a_key_go_least_outstanding() -> None:
-    pool = backends(2)
+    pool = probed_backends(2)
     pool[0].outstanding = 3
     policy = PrefixAffinity()
     assert {policy.pick(pool, RouteRequest("m", None, b"hi")) for _ in range(4)} == {pool[1]}
@@ -89,7 +83,7 @@ def test_short_prompts_without_a_key_go_least_outstanding() -> None:
 
 
 def test_bounded_load_falls_back_to_least_outstanding() -> None:
-    pool = backends(2)
+    pool = probed_backends(2)
     policy = PrefixAffinity(AffinitySettings(balance=0.25, miss_cost_bytes=0))
     s = Session(1)
     home = policy.pick(pool, s.next_request())
@@ -112,7 +106,7 @@ def test_bounded_load_falls_back_to_least_outstanding() -> None:
 
 
 def test_slack_keeps_hits_home_a_little_past_the_bound() -> None:
-    pool = backends(2)
+    pool = probed_backends(2)
     policy = PrefixAffinity(AffinitySettings(balance=0.25, slack=1, miss_cost_bytes=0))
     s = Session(2)
     home = policy.pick(pool, s.next_request())
@@ -128,7 +122,7 @@ def test_slack_keeps_hits_home_a_little_past_the_bound() -> None:
 
 
 def test_a_miss_never_goes_above_the_mean() -> None:
-    pool = backends(2)
+    pool = probed_backends(2)
     policy = PrefixAffinity()
     # New prefixes: wherever their ring home is, it takes them only if that keeps it at or
     # under the mean load; with one replica 2 requests ahead, all misses go to the other one.
@@ -142,7 +136,7 @@ def test_a_miss_never_goes_above_the_mean() -> None:
 
 
 def test_hot_spot_one_shared_prefix_spreads_over_replicas() -> None:
-    pool = backends(4)
+    pool = probed_backends(4)
     policy = PrefixAffinity()
     shared = system_prompt(0)
     held: list[Backend] = []
@@ -164,7 +158,7 @@ def test_hot_spot_one_shared_prefix_spreads_over_replicas() -> None:
 
 
 def test_hot_spot_sessions_still_follow_their_own_turns() -> None:
-    pool = backends(2)
+    pool = probed_backends(2)
     policy = PrefixAffinity()
     shared = system_prompt(0)
     convs = [[{"role": "system", "content": shared},
@@ -202,7 +196,7 @@ def test_ring_moves_about_one_nth_of_keys_on_membership_change() -> None:
 
 
 def test_an_unavailable_replica_moves_only_its_sessions() -> None:
-    pool = backends(3)
+    pool = probed_backends(3)
     policy = PrefixAffinity()
     sessions = [Session(i) for i in range(60)]
     home = {}
@@ -223,7 +217,7 @@ def test_an_unavailable_replica_moves_only_its_sessions() -> None:
 
 
 def test_a_restarted_engine_is_a_miss_not_a_hit() -> None:
-    pool = backends(2)
+    pool = probed_backends(2)
     policy = PrefixAffinity()
     s = Session(3)
     home = policy.pick(pool, s.next_request())
@@ -238,7 +232,7 @@ def test_a_restarted_engine_is_a_miss_not_a_hit() -> None:
 
 
 def test_state_is_capped() -> None:
-    pool = backends(2)
+    pool = probed_backends(2)
     policy = PrefixAffinity(AffinitySettings(max_entries=500))
     for i in range(5000):
         policy.pick(pool, RouteRequest("m", None, b"%06d" % i + b"z" * 3000))
@@ -250,7 +244,7 @@ def test_state_is_capped() -> None:
 
 def test_a_hit_stays_home_past_the_bound_by_the_cost_of_the_miss() -> None:
     def second_turn_stays_home(load: int) -> bool:
-        pool = backends(2)
+        pool = probed_backends(2)
         policy = PrefixAffinity(AffinitySettings(balance=0.25, miss_cost_bytes=1024))
         s = Session(4)
         first = s.next_request()
@@ -276,7 +270,7 @@ def test_a_hit_stays_home_past_the_bound_by_the_cost_of_the_miss() -> None:
 def test_the_cost_of_a_miss_does_not_matter_at_high_load() -> None:
     # The cost term is absolute (requests), the bound relative: 100 in flight, 70 on the home,
     # is far over ceil(1.25 x 101 / 2) + 3 = 67: the hit leaves.
-    pool = backends(2)
+    pool = probed_backends(2)
     policy = PrefixAffinity()
     s = Session(5)
     home = policy.pick(pool, s.next_request())
@@ -291,7 +285,7 @@ def test_new_prefixes_balance_what_each_cache_took_in() -> None:
     # 48 sessions one after another (idle pool: every replica at the mean). Their first chunks'
     # ring homes split them 13 / 35 (seed 18): the larger share would overflow one engine's cache
     # while the other sat half empty. Placement by footprint keeps the split within one session.
-    pool = backends(2)
+    pool = probed_backends(2)
     policy = PrefixAffinity()
     ring = _Ring([b.url for b in pool])
     sessions = [Session(18_000 + i) for i in range(48)]
@@ -307,7 +301,7 @@ def test_new_prefixes_balance_what_each_cache_took_in() -> None:
 
 
 def test_footprint_counts_only_what_the_cache_did_not_hold() -> None:
-    pool = backends(2)
+    pool = probed_backends(2)
     policy = PrefixAffinity()
     s = Session(6)
     r1 = s.next_request()
@@ -323,7 +317,7 @@ def test_footprint_counts_only_what_the_cache_did_not_hold() -> None:
 
 
 def test_a_restarted_engine_takes_new_prefixes_first_but_not_forever() -> None:
-    pool = backends(2)
+    pool = probed_backends(2)
     policy = PrefixAffinity()
     a, b = pool
     a.cache_life.footprint = b.cache_life.footprint = 50 << 20  # a long uptime

@@ -15,15 +15,9 @@ from gateway.routing.policy import LeastOutstanding, RouteRequest
 from gateway.routing.residency import Residency, ResidentFirst
 from gateway.settings import GatewaySettings, LoraSettings
 from gateway.transport.prober import ModelCard
+from tests.gateway.routing.conftest import probed_backends
 
 BASE = "base"
-
-
-def backends(n: int) -> tuple[Backend, ...]:
-    out = tuple(Backend(f"http://10.0.0.{i}:8000") for i in range(n))
-    for b in out:
-        b.probe_ok = True
-    return out
 
 
 def registry(names: list[str], settings: LoraSettings) -> Adapters:
@@ -42,7 +36,7 @@ def policy(names: list[str], **lora: Any) -> ResidentFirst:
 def test_few_adapters_are_not_narrowed() -> None:
     # Two adapters, two slots per replica: every replica holds both, least-outstanding decides.
     p = policy(["a", "b"], max_loras={BASE: 2})
-    pool = backends(2)
+    pool = probed_backends(2)
     picks = Counter(p.pick(pool, RouteRequest("a")).url for _ in range(10))  # type: ignore[union-attr]
     assert len(picks) == 2 and set(picks.values()) == {5}
     assert p._r.counts[BASE]["idle"] == 10
@@ -50,7 +44,7 @@ def test_few_adapters_are_not_narrowed() -> None:
 
 def test_an_adapter_stays_where_it_is_resident() -> None:
     p = policy(["a", "b", "c", "d"])  # one slot per replica (vLLM's default --max-loras)
-    pool = backends(2)
+    pool = probed_backends(2)
     first = p.pick(pool, RouteRequest("a"))
     assert first is not None
     # Sequential requests (nothing in flight): least-outstanding would alternate; residency
@@ -64,7 +58,7 @@ def test_an_adapter_stays_where_it_is_resident() -> None:
 
 def test_the_load_bound_spills_a_hot_adapter() -> None:
     p = policy(["a", "b", "c"], balance=0.25, slack=0)
-    pool = backends(2)
+    pool = probed_backends(2)
     home = p.pick(pool, RouteRequest("a"))
     assert home is not None
     home.outstanding += 1
@@ -82,7 +76,7 @@ def test_the_load_bound_spills_a_hot_adapter() -> None:
 
 def test_a_miss_never_goes_above_the_mean_and_prefers_a_free_slot() -> None:
     p = policy(["a", "b", "c"], max_loras={BASE: 2})
-    pool = backends(3)
+    pool = probed_backends(3)
     busy = pool[0]
     for _ in range(4):
         busy.outstanding += 1
@@ -95,7 +89,7 @@ def test_a_miss_never_goes_above_the_mean_and_prefers_a_free_slot() -> None:
 
 def test_a_restart_empties_the_replicas_slots() -> None:
     p = policy(["a", "b", "c"])
-    pool = backends(2)
+    pool = probed_backends(2)
     home = p.pick(pool, RouteRequest("a"))
     assert home is not None and "a" in home.cache_life.adapters
     home.cache_life = CacheLife(home)  # what the router does when its probe fails
@@ -104,7 +98,7 @@ def test_a_restart_empties_the_replicas_slots() -> None:
 
 def test_lru_order_of_the_slots() -> None:
     p = policy(["a", "b", "c"], max_loras={BASE: 2})
-    (b,) = backends(1)
+    (b,) = probed_backends(1)
     for name in ("a", "b", "a", "c"):
         p.pick((b,), RouteRequest(name))
     assert list(b.cache_life.adapters) == ["a", "c"]  # "b" was the least recently used
@@ -120,7 +114,7 @@ def test_skewed_mix_keeps_each_replica_on_few_adapters() -> None:
     mix = rng.choices(names, weights, k=600)
 
     def switches(pick: Any) -> int:
-        pool = backends(2)
+        pool = probed_backends(2)
         last: dict[str, str] = {}
         n = 0
         flight: list[Backend] = []
