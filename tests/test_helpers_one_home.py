@@ -21,6 +21,7 @@ HOMES = {
     "cancel_answer": "e2e/conftest.py",
     "gateway_loads_keys": "deploy/conftest.py",
     "probed_backends": "gateway/routing/conftest.py",
+    "create_response": "gateway/conftest.py",
 }
 
 

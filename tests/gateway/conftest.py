@@ -204,3 +204,14 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A real redis-server of the test's own (tests/redisserver.py), stopped after it."""
     with redis_server(tmp_path) as server:
         yield server
+
+
+def create_response(url: str, stream: bool = False) -> str:
+    """A Responses API answer created at `url` (whole or streamed): its id."""
+    r = loopback.post(url + "/v1/responses", timeout=10,
+                      json={"model": "demo", "input": "x", "stream": stream})
+    assert r.status_code == 200, r.text
+    if stream:
+        first = r.text.split("\n\n")[0].split("data: ", 1)[1]
+        return str(json.loads(first)["id"])
+    return str(r.json()["id"])

@@ -3,13 +3,12 @@ stored response reaches the replica that made it, through one gateway or two sha
 
 from __future__ import annotations
 
-import orjson
 import pytest
 
 from bench.fake_upstream import FakeUpstream
 from gateway.routing.responses import KEY_PREFIX
 from tests import loopback
-from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.gateway.conftest import UpstreamFactory, create_response, run_gateway, url_of
 from tests.redisserver import RedisServer
 
 # Round robin: without the pin, requests about a response would alternate between the replicas.
@@ -22,15 +21,6 @@ def _served(ups: list[FakeUpstream], before: list[int]) -> list[int]:
     return [u.requests - b for u, b in zip(ups, before, strict=True)]
 
 
-def _create(url: str, **body: object) -> str:
-    r = loopback.post(url + "/v1/responses", json={"model": "demo", "input": "x", **body})
-    assert r.status_code == 200, r.text
-    if body.get("stream"):
-        first = r.text.split("\n\n")[0].split("data: ", 1)[1]
-        return str(orjson.loads(first)["id"])
-    return str(r.json()["id"])
-
-
 def _home(rid: str, ups: list[FakeUpstream]) -> FakeUpstream:
     return next(u for u in ups if rid.startswith(f"resp_{u.port}_"))
 
@@ -41,7 +31,7 @@ def test_requests_about_a_response_reach_its_replica(upstreams: UpstreamFactory,
     ups = [upstreams(echo_other=True), upstreams(echo_other=True)]
     with run_gateway(backends=[url_of(u) for u in ups], **POLICY) as gw:
         for _ in range(2):  # one response made on each replica
-            rid = _create(gw.url, stream=stream)
+            rid = create_response(gw.url, stream)
             home = _home(rid, ups)
             before = [u.requests for u in ups]
             for _ in range(3):
@@ -75,7 +65,7 @@ def test_two_gateways_sharing_redis_pin_each_others_responses(
     with run_gateway(backends=backends, **shared) as one, \
             run_gateway(backends=backends, **shared) as two:
         for _ in range(2):
-            rid = _create(one.url)
+            rid = create_response(one.url)
             home = _home(rid, ups)
             before = [u.requests for u in ups]
             for _ in range(4):

@@ -14,7 +14,13 @@ import orjson
 import pytest
 
 from bench.envoy import Envoy
-from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, write_keys
+from tests.gateway.conftest import (
+    UpstreamFactory,
+    create_response,
+    run_gateway,
+    url_of,
+    write_keys,
+)
 from tests.gateway.epp.conftest import host_port, run_epp
 from tests.waiting import wait_for
 
@@ -301,16 +307,6 @@ def test_a_queued_request_waits_in_the_epp_and_is_served(upstreams: UpstreamFact
         assert epp.metric("llmserve_rejections_total") == 0
 
 
-def _create(url: str, stream: bool) -> str:
-    r = httpx.post(url + "/v1/responses", json={"model": "demo", "input": "x", "stream": stream},
-                   timeout=10)
-    assert r.status_code == 200, r.text
-    if stream:
-        first = r.text.split("\n\n")[0].split("data: ", 1)[1]
-        return str(orjson.loads(first)["id"])
-    return str(r.json()["id"])
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_requests_about_a_response_reach_its_replica(upstreams: UpstreamFactory,
                                                      envoy: Callable[..., Envoy],
@@ -325,7 +321,7 @@ def test_requests_about_a_response_reach_its_replica(upstreams: UpstreamFactory,
                  flow={"scrape_engines": False}) as epp:
         proxy = envoy(epp_port=epp.port)
         for _ in range(2):  # one response made on each replica
-            rid = _create(proxy.url, stream)
+            rid = create_response(proxy.url, stream)
             home = next(u for u in ups if rid.startswith(f"resp_{u.port}_"))
             before = [u.requests for u in ups]
             for _ in range(3):
