@@ -52,6 +52,11 @@ class Pod:
                 return c
         raise KeyError(f"{self.name} has no container {name!r}")
 
+    def anti_affinity(self) -> list[Manifest]:
+        """The pod's required anti-affinity terms (what keeps its kind off one node)."""
+        return list(self.spec.get("affinity", {}).get("podAntiAffinity", {})
+                    .get("requiredDuringSchedulingIgnoredDuringExecution", []))
+
 
 @dataclass(frozen=True)
 class Release:

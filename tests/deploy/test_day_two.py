@@ -208,14 +208,6 @@ def test_every_name_fits_with_a_53_character_release_name() -> None:
 # --- placement ----------------------------------------------------------------------------------
 
 
-def _anti_terms(pod_spec: Manifest) -> list[Manifest]:
-    return list(
-        pod_spec.get("affinity", {})
-        .get("podAntiAffinity", {})
-        .get("requiredDuringSchedulingIgnoredDuringExecution", [])
-    )
-
-
 def test_pipeline_ranks_land_on_distinct_nodes_and_user_affinity_is_kept() -> None:
     user = {
         "nodeAffinity": {
@@ -231,7 +223,7 @@ def test_pipeline_ranks_land_on_distinct_nodes_and_user_affinity_is_kept() -> No
     pods = [p for p in rel.worker_pods() if p.role in ("leader", "follower")]
     assert {p.role for p in pods} == {"leader", "follower"}
     for pod in pods:
-        (term,) = _anti_terms(pod.spec)
+        (term,) = pod.anti_affinity()
         assert term["topologyKey"] == "kubernetes.io/hostname"
         assert term["labelSelector"]["matchLabels"] == {
             "leaderworkerset.sigs.k8s.io/name": lws["metadata"]["name"]
@@ -240,7 +232,7 @@ def test_pipeline_ranks_land_on_distinct_nodes_and_user_affinity_is_kept() -> No
         assert pod.spec["affinity"]["nodeAffinity"] == user["nodeAffinity"]
     # TP stays in one pod, hence one node; DP replicas spread across nodes.
     (single,) = [p for p in rel.worker_pods() if p.role == "single"]
-    assert not _anti_terms(single.spec)
+    assert not single.anti_affinity()
     (spread,) = single.spec["topologySpreadConstraints"]
     assert spread["topologyKey"] == "kubernetes.io/hostname"
     assert spread["labelSelector"]["matchLabels"]["llmserve.io/pool"] == "tp"
@@ -249,7 +241,7 @@ def test_pipeline_ranks_land_on_distinct_nodes_and_user_affinity_is_kept() -> No
 def test_distinct_nodes_can_be_turned_off_for_single_node_test_clusters() -> None:
     pool = {**PP, "multiNode": {"nodes": 2, "distinctNodes": False}}
     rel = render({"models": [pool]})
-    assert all(not _anti_terms(p.spec) for p in rel.worker_pods())
+    assert all(not p.anti_affinity() for p in rel.worker_pods())
 
 
 def test_multi_node_pods_advertise_their_pod_ip_to_vllm() -> None:

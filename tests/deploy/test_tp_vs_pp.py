@@ -15,11 +15,6 @@ from tests.deploy.manifests import env_of, render
 pytestmark = pytest.mark.helm
 
 
-def _anti_terms(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(spec.get("affinity", {}).get("podAntiAffinity", {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution", []))
-
-
 def test_pp_ranks_on_distinct_nodes_and_tp_group_in_one_pod(render_case: Any) -> None:
     rel = render_case("preset:values-tp-vs-pp.yaml")
     lws = rel.one("LeaderWorkerSet")
@@ -28,7 +23,7 @@ def test_pp_ranks_on_distinct_nodes_and_tp_group_in_one_pod(render_case: Any) ->
     for pod in ranks:
         # Required anti-affinity on the hostname against the pods of the same group: no two
         # pipeline ranks of one group can share a node.
-        (term,) = _anti_terms(pod.spec)
+        (term,) = pod.anti_affinity()
         assert term["topologyKey"] == "kubernetes.io/hostname"
         assert term["labelSelector"]["matchLabels"] == {
             "leaderworkerset.sigs.k8s.io/name": lws["metadata"]["name"]}
