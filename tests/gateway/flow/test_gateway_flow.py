@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -18,6 +17,7 @@ import pytest
 from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, write_keys
 from tests.ports import free_port
+from tests.waiting import settle
 
 BODY = {"model": "demo", "prompt": "hi", "max_tokens": 4}
 
@@ -228,16 +228,10 @@ async def test_a_request_pushed_out_of_the_queue_is_answered_at_once(
                                                   json={**BODY, "stream": True,
                                                         "max_tokens": 100}))
 
-            async def until(cond: str, check: Callable[[], bool]) -> None:
-                deadline = time.monotonic() + 5
-                while not check():
-                    assert time.monotonic() < deadline, cond
-                    await asyncio.sleep(0.01)
-
             holders = [send("sk-small"), send("sk-big")]  # one slot each
-            await until("both holders streaming", lambda: up.completions == 2)
+            await settle(lambda: up.completions == 2, what="both holders streaming")
             queued = [send("sk-small"), send("sk-small")]  # the queue is full: small holds both
-            await until("two queued", lambda: gw.metric("llmserve_queue_depth") == 2)
+            await settle(lambda: gw.metric("llmserve_queue_depth") == 2, what="two queued")
             start = time.monotonic()
             newcomer = send("sk-big")  # small holds more places: its newest is pushed out
             done, _ = await asyncio.wait(queued, timeout=10, return_when=asyncio.FIRST_COMPLETED)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 import zmq.asyncio
@@ -13,6 +12,7 @@ from gateway.routing.kv_index import ReplicaIndex
 from gateway.settings import KvSettings
 from tests.gateway.routing.kv_publisher import Publisher, removed, stored
 from tests.ports import free_port_pair
+from tests.waiting import settle
 
 URL = "http://127.0.0.1:8001"
 
@@ -24,12 +24,8 @@ async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
     c.destroy(linger=0)
 
 
-async def until(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not predicate():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.01)
+# How long a batch may take to reach the index, on a loaded machine.
+WAIT_S = 15.0
 
 
 async def subscribed(pub: Publisher) -> tuple[KvEvents, ReplicaIndex]:
@@ -42,7 +38,7 @@ async def subscribed(pub: Publisher) -> tuple[KvEvents, ReplicaIndex]:
                                  replay_timeout_s=10))
     events.follow([URL])
     index = events.indexes[URL]
-    await until(lambda: not index.stale)  # connected
+    await settle(lambda: not index.stale, WAIT_S)  # connected
     await pub.subscribed(want)
     return events, index
 
@@ -62,7 +58,7 @@ async def test_batches_build_the_index(ctx: zmq.asyncio.Context) -> None:
     try:
         pub.batch(stored(1, 2, 3))
         pub.batch(removed(2), stored(4))
-        await until(lambda: index.seq == 1)
+        await settle(lambda: index.seq == 1, WAIT_S)
         assert sorted(index.blocks) == [1, 3, 4] and index.block_size == 16
     finally:
         await events.close()
@@ -77,7 +73,7 @@ async def test_a_late_subscriber_replays_what_it_missed(ctx: zmq.asyncio.Context
     events, index = await subscribed(pub)
     try:
         pub.batch(stored(3))
-        await until(lambda: index.seq == 2)
+        await settle(lambda: index.seq == 2, WAIT_S)
         assert sorted(index.blocks) == [2, 3] and pub.replays == 1
     finally:
         await events.close()
@@ -91,15 +87,15 @@ async def test_a_gap_is_replayed_and_one_the_buffer_lost_clears(
     events, index = await subscribed(pub)
     try:
         pub.batch(stored(1, 2))
-        await until(lambda: index.seq == 0)
+        await settle(lambda: index.seq == 0, WAIT_S)
         pub.batch(removed(1), publish=False)  # dropped on the way
         pub.batch(stored(5))
-        await until(lambda: index.seq == 2)
+        await settle(lambda: index.seq == 2, WAIT_S)
         assert sorted(index.blocks) == [2, 5] and (events.gaps, events.resyncs) == (1, 0)
         for h in (6, 7, 8, 9):  # more lost than the engine's buffer keeps, removals among them
             pub.batch(removed(2), stored(h), publish=False)
         pub.batch(stored(10))
-        await until(lambda: index.seq == 7)
+        await settle(lambda: index.seq == 7, WAIT_S)
         # The removal of 2 is lost for good: the index forgets everything rather than claim it.
         assert 2 not in index.blocks and 10 in index.blocks and events.resyncs == 1
     finally:
@@ -115,16 +111,16 @@ async def test_a_new_engine_on_the_same_address_starts_a_new_index(
     try:
         for h in (1, 2, 3):
             pub.batch(stored(h))
-        await until(lambda: index.seq == 2)
+        await settle(lambda: index.seq == 2, WAIT_S)
         # The engine stops: the subscriber sees its publisher go, and forgets its cache at once.
         await pub.close()
-        await until(lambda: index.stale)
+        await settle(lambda: index.stale, WAIT_S)
         assert not index.blocks and events.restarts >= 1 and index.generation >= 1
         pub = Publisher(ctx, port)  # the restarted engine: its sequence starts at 0 again
-        await until(lambda: not index.stale)
+        await settle(lambda: not index.stale, WAIT_S)
         await pub.subscribed(1)
         pub.batch(stored(9))
-        await until(lambda: index.seq == 0)
+        await settle(lambda: index.seq == 0, WAIT_S)
         assert list(index.blocks) == [9]
     finally:
         await events.close()
@@ -139,11 +135,11 @@ async def test_a_sequence_that_goes_back_clears_the_index(ctx: zmq.asyncio.Conte
     try:
         pub.batch(stored(1))
         pub.batch(stored(2))
-        await until(lambda: index.seq == 1)
+        await settle(lambda: index.seq == 1, WAIT_S)
         pub.seq = 0
         pub.buffer.clear()
         pub.batch(stored(3))
-        await until(lambda: index.seq == 0)
+        await settle(lambda: index.seq == 0, WAIT_S)
         assert list(index.blocks) == [3]
     finally:
         await events.close()
@@ -170,7 +166,7 @@ async def test_gateway_replicas_each_subscribing_see_the_same_index(
     (a, ia), (b, ib) = await subscribed(pub), await subscribed(pub)
     try:
         pub.batch(stored(3), removed(1))
-        await until(lambda: ia.seq == 1 and ib.seq == 1)
+        await settle(lambda: ia.seq == 1 and ib.seq == 1, WAIT_S)
         assert list(ia.blocks) == list(ib.blocks) == [2, 3]
     finally:
         await a.close()
