@@ -36,8 +36,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from bench.load import pct
-from bench.procs import fd_count, free_port, rss_mib, wait_ok
+from bench.procs import fd_count, rss_mib, wait_ok
 from devstack.cli import Parser
+from devstack.procs import free_port
 
 REQUEST_LINE = b"GET /v1/models HTTP/1.1\r\nhost: gw\r\n"
 MiB = 1024 * 1024

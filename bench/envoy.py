@@ -35,8 +35,8 @@ from typing import Self
 import httpx
 import yaml
 
-from bench.procs import free_port
 from devstack.cli import Parser
+from devstack.procs import free_port
 
 ENVOY = shutil.which("envoy", path=os.path.dirname(sys.executable)) or shutil.which("envoy")
 VARIANTS = ("original_dst", "override_host", "round_robin")

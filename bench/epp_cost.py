@@ -25,8 +25,9 @@ from pathlib import Path
 
 from bench.envoy import Envoy
 from bench.load import latency, throughput
-from bench.procs import cpu_seconds, free_port, start, stop_all, wait_ok
+from bench.procs import cpu_seconds, start, stop_all, wait_ok
 from devstack.cli import Parser
+from devstack.procs import free_port
 
 PATHS = ("gateway", "envoy+epp", "envoy")
 

@@ -42,8 +42,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from bench.load import latency, pct, throughput
-from bench.procs import free_port, start, stop_all, wait_ok
+from bench.procs import start, stop_all, wait_ok
 from devstack.cli import Parser
+from devstack.procs import free_port
 
 KEY = "sk-bench-overhead"
 

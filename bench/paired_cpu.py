@@ -29,9 +29,10 @@ import tempfile
 from pathlib import Path
 
 from bench.load import pct
-from bench.procs import busy_share, cpu_busy, cpu_seconds, free_port, start, stop_all, wait_ok
+from bench.procs import busy_share, cpu_busy, cpu_seconds, start, stop_all, wait_ok
 from bench.real_pace import NGINX_CONF, Round, open_loop
 from devstack.cli import Parser
+from devstack.procs import free_port
 
 
 def command(spec: str, port: int, upstream: int, tmp: Path) -> str:

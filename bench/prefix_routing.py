@@ -59,9 +59,9 @@ import aiohttp
 import httpx
 
 from bench.flow_engine import wait_idle
-from bench.procs import free_port, free_port_pair
+from bench.procs import free_port_pair
 from devstack.cli import Parser
-from devstack.procs import Proc
+from devstack.procs import Proc, free_port
 from devstack.stack import LocalStack, wait_http_ok
 
 _WORDS = ["time", "person", "year", "way", "day", "thing", "man", "world", "life", "hand", "part", "child", "eye", "woman", "place", "work", "week", "case", "point", "government", "company", "number", "group", "problem", "fact", "be", "have", "do", "say", "get", "make", "go", "know", "take", "see", "come", "think", "look", "want", "give", "use", "find", "tell", "ask", "seem", "feel", "try", "leave", "call", "good", "new", "first", "last", "long", "great", "little", "own", "other", "old", "right", "big", "high", "different", "small", "large", "next", "early", "young", "important", "few", "public", "bad", "same", "able", "river", "mountain", "garden", "kitchen", "engine", "signal", "harbor", "lantern", "meadow", "pencil", "window", "thunder", "silver", "copper", "orange", "violet", "marble", "canyon", "forest", "desert", "island", "valley", "bridge", "castle", "tower", "market", "museum", "library", "station", "airport"]

@@ -24,13 +24,6 @@ from pathlib import Path
 from devstack.procs import process_table
 
 
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now (the OS picks it; a later bind may still race)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ephemeral_low() -> int:
     """The lowest port the kernel hands out on its own (ip_local_port_range)."""
     try:

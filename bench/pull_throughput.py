@@ -45,8 +45,8 @@ import boto3
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 
-from bench.procs import free_port
 from devstack.cli import Parser
+from devstack.procs import free_port
 from model_store.pull import pull
 from model_store.push import push
 from model_store.s3url import S3Url

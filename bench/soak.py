@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
 from bench.load import Conn, build_request
-from bench.procs import fd_count, free_port, rss_mib, start, stop_all, tcp_sockets, wait_ok
+from bench.procs import fd_count, rss_mib, start, stop_all, tcp_sockets, wait_ok
 from devstack.cli import Parser
+from devstack.procs import free_port
 
 
 @dataclass

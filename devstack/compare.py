@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from devstack.cli import EXIT_FAILED, PROG, Parser, error_line
-from devstack.procs import Proc, tree_cpu_seconds
+from devstack.procs import Proc, free_port, tree_cpu_seconds
 from devstack.stack import CPU_FLOW_ARGS, wait_http_ok
 from loadtest.errors import UsageError
 from loadtest.settings import parse_settings
@@ -36,12 +35,6 @@ from model_store.perfmodel import PerfModelError, ensure_perf_model
 TP_NAME, PP_NAME = "perf-tp", "perf-pp"
 # The A/A report beside this one (run/compare/a-a/), as a link relative to tp-vs-pp/report.md.
 AA_LINK = str(Path("..", "a-a", "report.md"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker_env(model: Path, name: str, nice: int, **settings: str) -> dict[str, str]:

@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now (the OS picks it; a later bind may still race)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def process_table() -> tuple[dict[int, list[int]], dict[int, list[str]]]:

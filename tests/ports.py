@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from bench.procs import free_port, free_port_pair, free_port_run
+from bench.procs import free_port_pair, free_port_run
+from devstack.procs import free_port
 
 __all__ = ["free_port", "free_port_pair", "free_port_run"]
