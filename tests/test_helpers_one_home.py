@@ -22,6 +22,7 @@ HOMES = {
     "gateway_loads_keys": "deploy/conftest.py",
     "probed_backends": "gateway/routing/conftest.py",
     "create_response": "gateway/conftest.py",
+    "pool_values": "deploy/conftest.py",
 }
 
 

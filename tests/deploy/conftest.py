@@ -32,26 +32,27 @@ def gateway_loads_keys(keys: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def _pool(name: str, **extra: Any) -> dict[str, Any]:
+def pool_values(name: str = "p", **extra: Any) -> dict[str, Any]:
+    """One entry of the chart's `models`: the demo model from S3, with `extra` keys."""
     return {"name": name, "model": "demo-model", "revision": "main", "source": S3, **extra}
 
 
 # Each case: values on top of the chart defaults. Together they switch on every template branch.
 MATRIX: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "gpu-tp2-dp3": {"models": [_pool("tp2", tensorParallelSize=2, replicas=3)]},
+    "gpu-tp2-dp3": {"models": [pool_values("tp2", tensorParallelSize=2, replicas=3)]},
     "gpu-pp4-over-2-nodes": {
         "models": [
-            _pool("pp4", tensorParallelSize=2, pipelineParallelSize=4, multiNode={"nodes": 2})
+            pool_values("pp4", tensorParallelSize=2, pipelineParallelSize=4, multiNode={"nodes": 2})
         ]
     },
     # Pipeline parallel inside one pod (one node): no multiNode, TP x PP GPUs in the pod.
     "gpu-pp2-in-one-pod-dp2": {
-        "models": [_pool("pp2", tensorParallelSize=2, pipelineParallelSize=2, replicas=2)]
+        "models": [pool_values("pp2", tensorParallelSize=2, pipelineParallelSize=2, replicas=2)]
     },
     "gpu-pp3-over-3-nodes-dp2": {
         "models": [
-            _pool(
+            pool_values(
                 "pp3",
                 tensorParallelSize=4,
                 pipelineParallelSize=3,
@@ -62,8 +63,8 @@ MATRIX: dict[str, dict[str, Any]] = {
     },
     "cpu-single-and-pp2": {
         "models": [
-            _pool("cpu1", device="cpu", source={"bootstrapDemo": True}, model="SmolLM2"),
-            _pool(
+            pool_values("cpu1", device="cpu", source={"bootstrapDemo": True}, model="SmolLM2"),
+            pool_values(
                 "cpu-pp",
                 device="cpu",
                 source={"bootstrapDemo": True},
@@ -77,9 +78,9 @@ MATRIX: dict[str, dict[str, Any]] = {
     },
     "three-pools-shared-and-preloaded": {
         "models": [
-            _pool("a", tensorParallelSize=4, extraArgs=["--enforce-eager", "--seed", "7"]),
-            _pool("b", tensorParallelSize=2, servedModelName="demo-b", maxModelLen=4096),
-            _pool("c", model="other", revision="v2", source={"preloaded": True}),
+            pool_values("a", tensorParallelSize=4, extraArgs=["--enforce-eager", "--seed", "7"]),
+            pool_values("b", tensorParallelSize=2, servedModelName="demo-b", maxModelLen=4096),
+            pool_values("c", model="other", revision="v2", source={"preloaded": True}),
         ]
     },
     "dns-discovery-api-keys-ingress-hpa": {
@@ -106,7 +107,7 @@ MATRIX: dict[str, dict[str, Any]] = {
             "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
             "env": {"GATEWAY_RETRIES": "2", "GATEWAY_TIMEOUTS__FIRST_BYTE_S": 300},
         },
-        "models": [_pool("tp1")],
+        "models": [pool_values("tp1")],
     },
     "static-discovery-existing-key-secret": {
         "gateway": {
@@ -121,7 +122,7 @@ MATRIX: dict[str, dict[str, Any]] = {
     "day-two-options": {
         "maxStreamSeconds": 900,
         "models": [
-            _pool(
+            pool_values(
                 "pp2",
                 pipelineParallelSize=2,
                 multiNode={"nodes": 2},
@@ -131,7 +132,7 @@ MATRIX: dict[str, dict[str, Any]] = {
                 extraVolumes=[{"name": "ca", "configMap": {"name": "ca-bundle"}}],
                 extraVolumeMounts=[{"name": "ca", "mountPath": "/etc/ca", "readOnly": True}],
             ),
-            _pool(
+            pool_values(
                 "tp1",
                 servedModelName="demo-tp",  # one autoscaled pool per served model
                 rollout={"maxSurge": 0, "maxUnavailable": 1},
@@ -148,10 +149,10 @@ MATRIX: dict[str, dict[str, Any]] = {
         "workerDefaults": {"autoscaling": {
             "prometheusAddress": "http://prometheus-operated.monitoring.svc:9090"}},
         "models": [
-            _pool("tp1", servedModelName="m-tp", sleepMode=True,
+            pool_values("tp1", servedModelName="m-tp", sleepMode=True,
                   autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 3,
                                "wakeBudgetSeconds": 900}),
-            _pool("pp2", servedModelName="m-pp", pipelineParallelSize=2, multiNode={"nodes": 2},
+            pool_values("pp2", servedModelName="m-pp", pipelineParallelSize=2, multiNode={"nodes": 2},
                   startupProbe={"periodSeconds": 10, "failureThreshold": 60},
                   autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 2,
                                "cooldownSeconds": 900, "targetDemandPerReplica": 8}),
@@ -160,8 +161,8 @@ MATRIX: dict[str, dict[str, Any]] = {
     },
     # The in-cluster comparison Job, with a restricted gateway ingress it must be let through.
     "compare-job": {
-        "models": [_pool("tp1", servedModelName="m-tp"),
-                   _pool("pp2", servedModelName="m-pp", pipelineParallelSize=2,
+        "models": [pool_values("tp1", servedModelName="m-tp"),
+                   pool_values("pp2", servedModelName="m-pp", pipelineParallelSize=2,
                          multiNode={"nodes": 2})],
         "compare": {"enabled": True, "targets": ["tp=m-tp", "pp=m-pp"], "users": "1,4",
                     "slos": ["ttft_ms=800"], "apiKeySecret": {"name": "keys", "key": "compare"},
@@ -174,13 +175,13 @@ MATRIX: dict[str, dict[str, Any]] = {
     "lora-adapters": {
         "gateway": {"adminKey": {"sha256": "B" * 64}},
         "models": [
-            _pool("smol", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
+            pool_values("smol", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
                   lora={"adapters": [{"name": "sql", "s3": "s3://models/adapters/sql/v1"},
                                      {"name": "chat", "s3": "s3://models/adapters/chat/v3",
                                       "revision": "r3"}]}),
-            _pool("smol-rt", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
+            pool_values("smol-rt", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
                   lora={"enabled": True, "maxLoraRank": 32, "runtimeUpdates": True}),
-            _pool("tp2", tensorParallelSize=2,
+            pool_values("tp2", tensorParallelSize=2,
                   lora={"adapters": [{"name": "sql-70b", "s3": "s3://models/adapters/sql/v1"}],
                         "maxLoras": 4}),
         ],
@@ -196,24 +197,24 @@ MATRIX: dict[str, dict[str, Any]] = {
         },
         "networkPolicy": {"workerFrom": [{"namespaceSelector": {
             "matchLabels": {"kubernetes.io/metadata.name": "gateways"}}}]},
-        "models": [_pool("tp1", servedModelName="m-tp"),
-                   _pool("pp2", servedModelName="m-pp", pipelineParallelSize=2,
+        "models": [pool_values("tp1", servedModelName="m-tp"),
+                   pool_values("pp2", servedModelName="m-pp", pipelineParallelSize=2,
                          multiNode={"nodes": 2})],
     },
     # A pooling pool beside a generating pool of the same model (worker/rules.py: runner rule),
     # the generating one keeping Responses API results.
     "pooling-and-responses-store": {
         "models": [
-            _pool("smol", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
+            pool_values("smol", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
                   responsesStore=True),
-            _pool("smol-embed", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
+            pool_values("smol-embed", device="cpu", model="SmolLM2", source={"bootstrapDemo": True},
                   servedModelName="SmolLM2-embed", runner="pooling", convert="embed"),
-            _pool("classify", convert="classify", servedModelName="demo-classify"),
+            pool_values("classify", convert="classify", servedModelName="demo-classify"),
         ],
     },
     "minio-with-its-credentials": {
         "minio": {"enabled": True},
-        "models": [_pool("tp1", tensorParallelSize=1)],
+        "models": [pool_values("tp1", tensorParallelSize=1)],
     },
     "s3-credentials-from-values-existing-claim": {
         "modelStorage": {
@@ -229,7 +230,7 @@ MATRIX: dict[str, dict[str, Any]] = {
                 }
             },
         },
-        "models": [_pool("tp1")],
+        "models": [pool_values("tp1")],
     },
     "pinned-images-pull-secrets-overrides": {
         "image": {
@@ -259,7 +260,7 @@ MATRIX: dict[str, dict[str, Any]] = {
             "priorityClassName": "inference",
         },
         "models": [
-            _pool(
+            pool_values(
                 "tp8",
                 tensorParallelSize=8,
                 podDisruptionBudget={"enabled": False},
@@ -267,7 +268,7 @@ MATRIX: dict[str, dict[str, Any]] = {
                 drainTimeoutSeconds=400,
                 gpuResourceName="amd.com/gpu",
             ),
-            _pool("custom", image={"repository": "me/custom-worker", "tag": "dev"}),
+            pool_values("custom", image={"repository": "me/custom-worker", "tag": "dev"}),
         ],
         "metrics": {
             "labels": {"release": "kube-prometheus-stack"},

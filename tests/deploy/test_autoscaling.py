@@ -19,7 +19,7 @@ import pytest
 
 from gateway.settings import GatewaySettings, wake_budgets
 from tests import loopback
-from tests.deploy.conftest import RenderCase
+from tests.deploy.conftest import RenderCase, pool_values
 from tests.deploy.manifests import NAMESPACE, Manifest, Release, env_of, render
 from tests.deploy.test_validate import crd_validators
 from tests.gateway.conftest import run_gateway
@@ -29,13 +29,8 @@ from tests.prometheusserver import Target, prometheus_server
 pytestmark = pytest.mark.helm
 
 PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
-S3 = {"s3": "s3://models/demo-model/main"}
 KEDA = {"workerDefaults": {"autoscaling": {"prometheusAddress": PROMETHEUS}},
         "metrics": {"serviceMonitor": {"enabled": True}}}
-
-
-def _pool(name: str = "p", **extra: Any) -> dict[str, Any]:
-    return {"name": name, "model": "demo-model", "revision": "main", "source": S3, **extra}
 
 
 def scaled(rel: Release) -> dict[str, Manifest]:
@@ -110,7 +105,7 @@ def test_pools_at_zero_are_declared_to_the_gateway(render_case: RenderCase) -> N
     assert "wait in the gateway, up to 900s (autoscaling.wakeBudgetSeconds" in notes
     assert "wait in the gateway, up to 600s (autoscaling.wakeBudgetSeconds" in notes
     # A pool that never goes below one replica is not declared.
-    one = render({**KEDA, "models": [_pool(autoscaling={"enabled": True, "minReplicas": 1})]})
+    one = render({**KEDA, "models": [pool_values(autoscaling={"enabled": True, "minReplicas": 1})]})
     assert wake_budgets(GatewaySettings(pools=gateway_pools(one)).pools) == {}
 
 
@@ -125,7 +120,7 @@ def test_the_default_wake_budget_covers_the_start_up_probe(
     """Not the gateway's 300 s beside a cold start the probe allows 1,800 s for: by default a
     request waits as long as the pool may take to start (at most the gateway's limit), and NOTES
     prints the number."""
-    rel = render({**KEDA, "models": [_pool(startupProbe=probe, autoscaling={
+    rel = render({**KEDA, "models": [pool_values(startupProbe=probe, autoscaling={
         "enabled": True, "minReplicas": 0})]})
     assert wake_budgets(GatewaySettings(pools=gateway_pools(rel)).pools) == {
         "demo-model": budget}
@@ -139,7 +134,7 @@ def test_a_pool_overrides_workerdefaults_key_by_key() -> None:
     rel = render({
         "workerDefaults": {"autoscaling": {"enabled": True, "prometheusAddress": PROMETHEUS}},
         "metrics": {"serviceMonitor": {"enabled": True}},
-        "models": [_pool(autoscaling={"minReplicas": 0}, startupProbe={"failureThreshold": 30},
+        "models": [pool_values(autoscaling={"minReplicas": 0}, startupProbe={"failureThreshold": 30},
                          rollout={"maxSurge": 1})]})
     spec = rel.one("ScaledObject")["spec"]
     # The default's enabled/engine with the pool's minimum; the cooldown from the pool's probe.
@@ -155,7 +150,7 @@ def test_a_pool_overrides_workerdefaults_key_by_key() -> None:
 def test_a_cooldown_matters_only_at_zero() -> None:
     """KEDA's cooldown is the wait before scaling to zero: a short one at minReplicas 1 is
     harmless, so it renders; at 0 it is refused (below)."""
-    rel = render({**KEDA, "models": [_pool(autoscaling={
+    rel = render({**KEDA, "models": [pool_values(autoscaling={
         "enabled": True, "minReplicas": 1, "cooldownSeconds": 60})]})
     assert rel.one("ScaledObject")["spec"]["cooldownPeriod"] == 60
 
@@ -167,50 +162,50 @@ def _refusal(values: dict[str, Any]) -> str:
 
 
 def test_a_cooldown_shorter_than_a_cold_start_is_refused() -> None:
-    message = _refusal({**KEDA, "models": [_pool(autoscaling={
+    message = _refusal({**KEDA, "models": [pool_values(autoscaling={
         "enabled": True, "minReplicas": 0, "cooldownSeconds": 300})]})
     assert ("models[p].autoscaling.cooldownSeconds=300 is shorter than a cold start may take "
             "(startupProbe.periodSeconds x failureThreshold = 10 x 180 = 1800s)") in message
     assert "\n" not in message
     # The same cooldown passes once the start-up probe allows no more than it.
-    ok = render({**KEDA, "models": [_pool(
+    ok = render({**KEDA, "models": [pool_values(
         startupProbe={"periodSeconds": 10, "failureThreshold": 30},
         autoscaling={"enabled": True, "minReplicas": 0, "cooldownSeconds": 300})]})
     assert ok.one("ScaledObject")["spec"]["cooldownPeriod"] == 300
 
 
 @pytest.mark.parametrize(("values", "fragment"), [
-    ({**KEDA, "models": [_pool(autoscaling={"enabled": True, "engine": "hpa",
+    ({**KEDA, "models": [pool_values(autoscaling={"enabled": True, "engine": "hpa",
                                             "minReplicas": 0})]},
      "models[p].autoscaling: minReplicas=0 needs engine=keda"),
     ({"metrics": {"serviceMonitor": {"enabled": True}},
-      "models": [_pool(autoscaling={"enabled": True})]},
+      "models": [pool_values(autoscaling={"enabled": True})]},
      "models[p].autoscaling.prometheusAddress is required with engine=keda"),
-    ({"workerDefaults": KEDA["workerDefaults"], "models": [_pool(autoscaling={"enabled": True})]},
+    ({"workerDefaults": KEDA["workerDefaults"], "models": [pool_values(autoscaling={"enabled": True})]},
      "enable metrics.serviceMonitor, or give models[p].autoscaling.query"),
-    ({**KEDA, "models": [_pool("a", autoscaling={"enabled": True}),
-                         _pool("b", autoscaling={"enabled": True})]},
+    ({**KEDA, "models": [pool_values("a", autoscaling={"enabled": True}),
+                         pool_values("b", autoscaling={"enabled": True})]},
      'models[b].autoscaling: pool a autoscales model "demo-model" too'),
-    ({"models": [_pool(servedModelName="org/model", autoscaling={"enabled": True,
+    ({"models": [pool_values(servedModelName="org/model", autoscaling={"enabled": True,
                                                                  "engine": "hpa"})]},
      "not a Kubernetes label value"),
-    ({"models": [_pool(device="cpu", sleepMode=True)]},
+    ({"models": [pool_values(device="cpu", sleepMode=True)]},
      "models[p].sleepMode: vLLM's sleep mode runs on CUDA and ROCm GPUs only"),
     # Accepted and ignored before (issue 37, item 7).
-    ({**KEDA, "models": [_pool(autoscaling={"enabled": True, "minReplicas": 1,
+    ({**KEDA, "models": [pool_values(autoscaling={"enabled": True, "minReplicas": 1,
                                             "wakeBudgetSeconds": 600})]},
      "models[p].autoscaling.wakeBudgetSeconds is set but minReplicas=1"),
-    ({**KEDA, "models": [_pool(replicas=3, autoscaling={"enabled": True})]},
+    ({**KEDA, "models": [pool_values(replicas=3, autoscaling={"enabled": True})]},
      "models[0] (p): replicas is set, but autoscaling.enabled: the autoscaler sets the count"),
-    ({**KEDA, "models": [_pool(autoscaling={"enabled": True, "engine": "hpa",
+    ({**KEDA, "models": [pool_values(autoscaling={"enabled": True, "engine": "hpa",
                                             "pollingIntervalSeconds": 5})]},
      "models[0] (p): autoscaling.pollingIntervalSeconds is read by KEDA only"),
-    ({**KEDA, "models": [_pool(autoscaling={"enabled": True, "engine": "hpa", "query": "up"})]},
+    ({**KEDA, "models": [pool_values(autoscaling={"enabled": True, "engine": "hpa", "query": "up"})]},
      "models[0] (p): autoscaling.query is read by KEDA only"),
-    ({"models": [_pool(lora={"enabled": True})]},
+    ({"models": [pool_values(lora={"enabled": True})]},
      "models[p].lora.enabled lists no adapter and gateway.adminKey is unset"),
-    ({"models": [_pool("a", lora={"adapters": [{"name": "other", "s3": "s3://models/a/v1"}]}),
-                 _pool("b", model="other", source={"s3": "s3://models/other/main"})]},
+    ({"models": [pool_values("a", lora={"adapters": [{"name": "other", "s3": "s3://models/a/v1"}]}),
+                 pool_values("b", model="other", source={"s3": "s3://models/other/main"})]},
      'models[a].lora.adapters: "other" is the model name of pool b'),
 ])
 def test_what_cannot_work_is_refused(values: dict[str, Any], fragment: str) -> None:
@@ -220,7 +215,7 @@ def test_what_cannot_work_is_refused(values: dict[str, Any], fragment: str) -> N
 def test_a_query_of_ones_own_needs_no_service_monitor() -> None:
     query = 'sum(llmserve_pool_demand{pool="demo-model"})'
     rel = render({"workerDefaults": KEDA["workerDefaults"],
-                  "models": [_pool(autoscaling={"enabled": True, "query": query})]})
+                  "models": [pool_values(autoscaling={"enabled": True, "query": query})]})
     assert rel.one("ScaledObject")["spec"]["triggers"][0]["metadata"]["query"] == query
 
 

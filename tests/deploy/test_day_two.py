@@ -18,20 +18,14 @@ import pytest
 import yaml
 
 from model_store.__main__ import build_parser
+from tests.deploy.conftest import pool_values
 from tests.deploy.manifests import CHART, Manifest, Release, env_of, render, with_registry
 from worker.rules import POOL_NAME_MAX
 
 pytestmark = pytest.mark.helm
 
-S3 = {"s3": "s3://models/demo-model/main"}
-
-
-def _pool(name: str = "p", **extra: Any) -> dict[str, Any]:
-    return {"name": name, "model": "demo-model", "revision": "main", "source": S3, **extra}
-
-
-PP = _pool("pp", tensorParallelSize=2, pipelineParallelSize=2, multiNode={"nodes": 2})
-TP = _pool("tp", tensorParallelSize=2, replicas=2)
+PP = pool_values("pp", tensorParallelSize=2, pipelineParallelSize=2, multiNode={"nodes": 2})
+TP = pool_values("tp", tensorParallelSize=2, replicas=2)
 UPGRADE_VALUES: dict[str, Any] = {
     "models": [TP, PP],
     "minio": {"enabled": True},
@@ -169,8 +163,8 @@ def test_hook_can_be_turned_off() -> None:
 
 
 def test_in_place_single_replica_pool_is_warned_about() -> None:
-    rolling = _pool("solo", rollout={"maxSurge": 0, "maxUnavailable": 1})
-    notes = render({"models": [rolling, _pool("other", replicas=1)]}).notes
+    rolling = pool_values("solo", rollout={"maxSurge": 0, "maxUnavailable": 1})
+    notes = render({"models": [rolling, pool_values("other", replicas=1)]}).notes
     assert "WARNING: pool solo has 1 replica and rollout.maxSurge=0" in notes
     assert "pool other" not in notes.split("WARNING")[-1]
 
@@ -183,9 +177,9 @@ LONG_RELEASE = "r" * 20 + "-" + "x" * 32  # 53 characters: Helm's own limit for 
 def test_every_name_fits_with_a_53_character_release_name() -> None:
     assert len(LONG_RELEASE) == 53
     pools = [
-        _pool("a" * POOL_NAME_MAX, pipelineParallelSize=2, multiNode={"nodes": 2}, replicas=12),
-        _pool("b" * POOL_NAME_MAX, pipelineParallelSize=2, multiNode={"nodes": 2}),
-        _pool("c" * POOL_NAME_MAX, replicas=3),
+        pool_values("a" * POOL_NAME_MAX, pipelineParallelSize=2, multiNode={"nodes": 2}, replicas=12),
+        pool_values("b" * POOL_NAME_MAX, pipelineParallelSize=2, multiNode={"nodes": 2}),
+        pool_values("c" * POOL_NAME_MAX, replicas=3),
     ]
     rel = render({"models": pools, "minio": {"enabled": True}}, name=LONG_RELEASE)
     keys = [(m["kind"], m["metadata"]["name"]) for m in rel.manifests]
@@ -320,7 +314,7 @@ def test_drains_follow_max_stream_seconds() -> None:
 
 
 def test_minio_buckets_are_created_and_notes_give_a_push_command_the_cli_accepts() -> None:
-    pools = [_pool("a"), _pool("b", model="other", source={"s3": "s3://weights/other/main"})]
+    pools = [pool_values("a"), pool_values("b", model="other", source={"s3": "s3://weights/other/main"})]
     rel = render({"minio": {"enabled": True}, "models": pools})
     (job,) = [j for j in rel.of_kind("Job") if j["metadata"]["name"].endswith("-buckets")]
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
@@ -350,11 +344,11 @@ def test_minio_buckets_are_created_and_notes_give_a_push_command_the_cli_accepts
 # --- schema: a positive and a negative case for each newer field ----------------------------------
 
 GOOD: dict[str, dict[str, Any]] = {
-    "rollout": {"models": [_pool(rollout={"maxSurge": 0, "maxUnavailable": 1})]},
-    "runtimeClassName": {"models": [_pool(runtimeClassName="nvidia")]},
+    "rollout": {"models": [pool_values(rollout={"maxSurge": 0, "maxUnavailable": 1})]},
+    "runtimeClassName": {"models": [pool_values(runtimeClassName="nvidia")]},
     "extraVolumes": {
         "models": [
-            _pool(
+            pool_values(
                 extraVolumes=[{"name": "certs", "secret": {"secretName": "ca"}}],
                 extraVolumeMounts=[{"name": "certs", "mountPath": "/etc/ca", "readOnly": True}],
             )
@@ -362,29 +356,29 @@ GOOD: dict[str, dict[str, Any]] = {
     },
     "securityContext": {
         "models": [
-            _pool(
+            pool_values(
                 podSecurityContext={"runAsUser": 2000},
                 containerSecurityContext={"capabilities": {"add": ["IPC_LOCK"]}},
             )
         ]
     },
-    "autoscaling": {"models": [_pool(autoscaling={"enabled": True, "engine": "hpa",
+    "autoscaling": {"models": [pool_values(autoscaling={"enabled": True, "engine": "hpa",
                                                   "maxReplicas": 6})]},
     "distinctNodes": {"models": [{**PP, "multiNode": {"nodes": 2, "distinctNodes": True}}]},
     "maxStreamSeconds": {"maxStreamSeconds": 600},
     "gatewayRuntimeClass": {"gateway": {"runtimeClassName": "gvisor"}},
 }
 BAD: dict[str, tuple[dict[str, Any], str]] = {
-    "rollout": ({"models": [_pool(rollout={"maxSurge": -1, "maxUnavailable": 0})]}, "rollout"),
-    "runtimeClassName": ({"models": [_pool(runtimeClassName=3)]}, "runtimeClassName"),
-    "extraVolumes": ({"models": [_pool(extraVolumes=[{"secret": {}}])]}, "extraVolumes"),
+    "rollout": ({"models": [pool_values(rollout={"maxSurge": -1, "maxUnavailable": 0})]}, "rollout"),
+    "runtimeClassName": ({"models": [pool_values(runtimeClassName=3)]}, "runtimeClassName"),
+    "extraVolumes": ({"models": [pool_values(extraVolumes=[{"secret": {}}])]}, "extraVolumes"),
     "extraVolumeMounts": (
-        {"models": [_pool(extraVolumeMounts=[{"name": "x", "mountPath": "rel"}])]},
+        {"models": [pool_values(extraVolumeMounts=[{"name": "x", "mountPath": "rel"}])]},
         "mountPath",
     ),
-    "securityContext": ({"models": [_pool(podSecurityContext="root")]}, "podSecurityContext"),
+    "securityContext": ({"models": [pool_values(podSecurityContext="root")]}, "podSecurityContext"),
     "autoscaling": (
-        {"models": [_pool(autoscaling={"enabled": True, "engine": "knative"})]},
+        {"models": [pool_values(autoscaling={"enabled": True, "engine": "knative"})]},
         "engine",
     ),
     "LeaderReady": (
@@ -443,7 +437,7 @@ def test_newer_fields_refused(case: str) -> None:
 
 def test_autoscaling_range_is_checked() -> None:
     with pytest.raises(helm_python.HelmError) as err:
-        render({"models": [_pool(autoscaling={"enabled": True, "engine": "hpa", "minReplicas": 5,
+        render({"models": [pool_values(autoscaling={"enabled": True, "engine": "hpa", "minReplicas": 5,
                                               "maxReplicas": 2})]})
     assert "maxReplicas=2 is below minReplicas=5" in str(err.value)
 

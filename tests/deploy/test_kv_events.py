@@ -8,7 +8,7 @@ import pytest
 
 from gateway.routing.kv_events import events_endpoint, replay_endpoint
 from gateway.settings import KvSettings
-from tests.deploy.conftest import _pool
+from tests.deploy.conftest import pool_values
 from tests.deploy.manifests import env_of, render
 from worker.argv import kv_events_args
 from worker.settings import load_settings
@@ -19,8 +19,8 @@ KV = {"workerDefaults": {"port": 8000, "kvEventsPort": 5557}}
 
 
 def test_the_engines_publish_where_the_gateway_subscribes() -> None:
-    rel = render({**KV, "models": [_pool("pp4", tensorParallelSize=2, pipelineParallelSize=4,
-                                         multiNode={"nodes": 2}), _pool("one")]})
+    rel = render({**KV, "models": [pool_values("pp4", tensorParallelSize=2, pipelineParallelSize=4,
+                                         multiNode={"nodes": 2}), pool_values("one")]})
     gateway_port = None
     for pod in rel.pods():
         if pod.role == "gateway":
@@ -56,7 +56,7 @@ def test_the_engines_publish_where_the_gateway_subscribes() -> None:
 
 
 def test_off_by_default() -> None:
-    rel = render({"models": [_pool("one")]})
+    rel = render({"models": [pool_values("one")]})
     for pod in rel.pods():
         for c in pod.containers():
             env = env_of(c)
@@ -66,6 +66,6 @@ def test_off_by_default() -> None:
 @pytest.mark.parametrize("port", [8000, 7999])
 def test_a_port_that_collides_with_the_api_is_refused(port: int) -> None:
     with pytest.raises(helm_python.HelmError, match="kvEventsPort"):
-        render({"workerDefaults": {"port": 8000, "kvEventsPort": port}, "models": [_pool("one")]})
+        render({"workerDefaults": {"port": 8000, "kvEventsPort": port}, "models": [pool_values("one")]})
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import helm_python
 import pytest
 
-from tests.deploy.conftest import _pool
+from tests.deploy.conftest import pool_values
 from tests.deploy.manifests import env_of, render
 from worker.rules import CONVERTS, RUNNERS, is_pooling, runner_problem
 
@@ -24,8 +24,8 @@ def test_the_chart_reads_a_pooling_pool_as_the_rule_does(
 ) -> None:
     """Beside a generating pool of the same served name, exactly the pooling pairs are refused."""
     values: dict[str, Any] = {"models": [
-        _pool("gen", runner="generate"),
-        _pool("other", runner=runner, convert=convert),
+        pool_values("gen", runner="generate"),
+        pool_values("other", runner=runner, convert=convert),
     ]}
     if is_pooling(runner, convert):
         with pytest.raises(helm_python.HelmError) as err:
@@ -39,8 +39,8 @@ def test_the_chart_reads_a_pooling_pool_as_the_rule_does(
 
 def test_a_pooling_pool_of_its_own_renders_its_settings(loaded_chart: helm_python.Chart) -> None:
     rel = render({"models": [
-        _pool("gen", responsesStore=True),
-        _pool("embed", runner="pooling", convert="embed", servedModelName="demo-embed"),
+        pool_values("gen", responsesStore=True),
+        pool_values("embed", runner="pooling", convert="embed", servedModelName="demo-embed"),
     ]}, loaded=loaded_chart)
     env = {p.metadata["labels"]["llmserve.io/pool"]: env_of(p.container("worker"))
            for p in rel.worker_pods()}
