@@ -365,7 +365,7 @@ def test_envoys_stream_idle_timeout_bounds_a_queued_request(upstreams: UpstreamF
             waited = time.monotonic() - t0
             # Envoy's own answer (its body whole, the upstream not begun): 504 "stream timeout".
             assert (queued.status_code, queued.text) == (504, "stream timeout")
-            assert 0.9 < waited < 2.5  # cut by Envoy's idle timer, not the queue's 8 s
+            assert 0.9 < waited < 6  # cut by Envoy's idle timer (1 s), not the queue's 8 s
             wait_for(lambda: epp.call(lambda: len(pool.queue)) == 0,
                      what="the cancelled request stayed queued in the EPP")
             # The stream itself, never idle, went on to its end.

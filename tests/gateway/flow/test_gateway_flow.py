@@ -240,7 +240,9 @@ async def test_a_request_pushed_out_of_the_queue_is_answered_at_once(
             assert_openai_error(evicted, 503, "overloaded")
             assert "queue is full" in evicted.json()["error"]["message"]
             assert gw.metric('llmserve_rejections_total{pool="demo",reason="queue_full"}') == 1
-            assert waited < 1.0, f"the pushed-out request waited {waited:.2f} s"
+            # At once, not at its queue deadline (3 s; its answer would then say no slot came
+            # free): the bound leaves a loaded machine 2.5 s for the round trips.
+            assert waited < 2.5, f"the pushed-out request waited {waited:.2f} s"
             for t in (*holders, *queued, newcomer):
                 t.cancel()
             await asyncio.gather(*holders, *queued, newcomer, return_exceptions=True)

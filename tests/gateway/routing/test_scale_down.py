@@ -164,7 +164,8 @@ def test_an_adapters_requests_at_zero_keep_the_per_key_limits(
             t0 = time.monotonic()
             over = loopback.post(gw.url + "/v1/chat/completions", json=chat, headers=auth,
                                  timeout=30)
-            assert over.status_code == 429 and time.monotonic() - t0 < 0.5, over.text
+            # At once, not after the wake (budget 30 s); seconds left for a loaded machine.
+            assert over.status_code == 429 and time.monotonic() - t0 < 10, over.text
             discovery[0].put(r1.url)  # a new replica, without the adapter
             waiter.join(10)
         assert waiting[0].status_code == 200, waiting[0].text
