@@ -173,17 +173,28 @@ def gateway_process(
 
 class BackgroundStream:
     """A streamed chat completion read on a thread of its own (while a test signals the
-    gateway, say): `join()` gives its text."""
+    gateway, say): `flowing()` returns once its first bytes came, `join()` gives its text."""
 
     def __init__(self, url: str, max_tokens: int = 50) -> None:
         self._text = ""
+        self._first = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(url, max_tokens))
         self._thread.start()
 
     def _read(self, url: str, max_tokens: int) -> None:
-        self._text = loopback.post(url + "/v1/chat/completions", timeout=30, json={
-            "model": "demo", "stream": True, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": "hi"}]}).text
+        chunks: list[str] = []
+        with loopback.stream("POST", url + "/v1/chat/completions", timeout=30, json={
+                "model": "demo", "stream": True, "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": "hi"}]}) as r:
+            for chunk in r.iter_text():
+                chunks.append(chunk)
+                self._first.set()
+        self._text = "".join(chunks)
+
+    def flowing(self, timeout_s: float = 30) -> None:
+        """Return once the stream's first bytes arrived: the request is in, and mid-stream (a
+        fixed sleep is not enough on a loaded machine, where connecting may take seconds)."""
+        assert self._first.wait(timeout_s), f"the stream sent nothing in {timeout_s:g} s"
 
     def join(self, timeout_s: float = 30) -> str:
         self._thread.join(timeout_s)

@@ -66,7 +66,7 @@ def test_sigterm_lets_the_inflight_stream_finish_then_exits(upstreams: UpstreamF
     up = upstreams(token_delay_s=0.02)
     with gateway_process(up) as (gw, url):  # the drain: the longest request (900 s)
         stream = BackgroundStream(url)
-        time.sleep(0.3)  # the stream is flowing (50 tokens x 20 ms)
+        stream.flowing()  # 50 tokens x 20 ms: a second of stream left
         os.kill(gw.pid, signal.SIGTERM)
         assert stream.join().rstrip().endswith("data: [DONE]")
         # uvicorn re-raises the signal once it has shut down gracefully: the exit status says

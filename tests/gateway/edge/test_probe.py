@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -17,6 +16,7 @@ from tests import loopback
 from tests.gateway.conftest import BackgroundStream
 from tests.gateway.edge.conftest import Gateway, edge_gateway, json_error, until_closed
 from tests.ports import free_port
+from tests.waiting import wait_for
 
 
 def test_the_probe_port_serves_probes_only(gw: Gateway) -> None:
@@ -46,9 +46,12 @@ def test_the_probe_port_answers_through_the_drain() -> None:
     the kubelet reads /ready 503 (and /health 200), not a refused connection."""
     with start_in_thread(Behaviour(token_delay_s=0.05)) as up, edge_gateway(up) as gw:
         stream = BackgroundStream(gw.url, max_tokens=40)
-        time.sleep(0.3)
+        stream.flowing()  # 40 tokens x 50 ms: two seconds of drain ahead
         os.kill(gw.pid, signal.SIGTERM)
-        time.sleep(0.3)
+        # Once the gateway has taken the signal (a loaded machine may take a while), /ready
+        # says so; the probe listener answers all along (a refused connection fails this).
+        wait_for(lambda: loopback.get(gw.probe_url + "/ready").status_code == 503,
+                 what="/ready never said 503 after SIGTERM")
         ready = loopback.get(gw.probe_url + "/ready")
         assert ready.status_code == 503
         assert ready.json()["error"]["message"] == "gateway is draining"

@@ -162,7 +162,7 @@ def test_upgrade_requests_are_plain_http_logged_once_and_do_not_break_the_drain(
         line, body = _one_answer(post)
         assert line.startswith(b"HTTP/1.1 400 "), line
         assert "message" in orjson.loads(body)["error"]
-        time.sleep(0.3)  # the stream is flowing (50 tokens x 20 ms)
+        stream.flowing()  # 50 tokens x 20 ms: a second of stream left
         os.kill(gw.pid, signal.SIGTERM)
         text = stream.join()
         post.close()
