@@ -23,6 +23,7 @@ HOMES = {
     "probed_backends": "gateway/routing/conftest.py",
     "create_response": "gateway/conftest.py",
     "pool_values": "deploy/conftest.py",
+    "openai_error": "openai_error.py",
 }
 
 

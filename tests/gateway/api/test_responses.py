@@ -9,6 +9,7 @@ from bench.fake_upstream import FakeUpstream
 from gateway.routing.responses import KEY_PREFIX
 from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, create_response, run_gateway, url_of
+from tests.openai_error import openai_error
 from tests.redisserver import RedisServer
 
 # Round robin: without the pin, requests about a response would alternate between the replicas.
@@ -98,8 +99,7 @@ def test_a_response_whose_replica_is_gone_is_a_plain_404(
              "previous_response_id"),
         ]:
             assert r.status_code == 404
-            err = r.json()["error"]
-            assert set(err) == {"message", "type", "param", "code"}
+            err = openai_error(r.content)
             assert err["message"].startswith("Response with id 'resp_gone' not found: the "
                                              "replica that stored it is gone")
             assert (err["type"], err["param"]) == ("invalid_request_error", param)

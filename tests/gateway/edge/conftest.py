@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import orjson
 import pytest
 
 from bench.fake_upstream import Behaviour, FakeUpstream, start_in_thread
@@ -66,13 +65,6 @@ def gw() -> Iterator[Gateway]:
         "--max-body-bytes", str(BODY_LIMIT),
     ) as gateway:
         yield gateway
-
-
-def json_error(body: bytes) -> dict[str, object]:
-    """The `error` object of an OpenAI error body, its shape checked."""
-    err = orjson.loads(body)["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    return dict(err)
 
 
 def until_closed(port: int, *pieces: bytes, gap_s: float = 0.1,

@@ -36,9 +36,9 @@ from tests.gateway.edge.conftest import (
     Gateway,
     edge_gateway,
     ended_log,
-    json_error,
     until_closed,
 )
+from tests.openai_error import openai_error
 
 
 @pytest.mark.parametrize("bomb", list(BOMBS))
@@ -52,7 +52,7 @@ def test_header_and_trailer_bombs_get_431_at_once_without_growth(gw: Gateway, bo
     time.sleep(0.1)
     health.stop()
     assert outcome.status == 431, outcome
-    assert json_error(outcome.body)["code"] == "request_header_fields_too_large"
+    assert openai_error(outcome.body)["code"] == "request_header_fields_too_large"
     assert outcome.seconds < 0.25
     assert growth < 16, f"RSS grew {growth:.1f} MiB"
     # The loop was never stalled long: probes kept answering at once.
@@ -88,7 +88,7 @@ def test_header_count_and_head_size_caps_are_exact(gw: Gateway) -> None:
     assert attack("127.0.0.1", gw.port, [head(99)]).status == 200  # + host = 100 headers
     too_many = attack("127.0.0.1", gw.port, [head(100)])
     assert too_many.status == 431
-    assert "more than 100 headers" in str(json_error(too_many.body)["message"])
+    assert "more than 100 headers" in str(openai_error(too_many.body)["message"])
     # A head of exactly 64 KiB passes; one byte more does not.
     filler = 65536 - len(REQUEST_LINE) - len(b"x-pad: \r\n\r\n")
     exact = REQUEST_LINE + b"x-pad: " + b"a" * filler + b"\r\n\r\n"
@@ -118,7 +118,7 @@ def test_a_chunked_body_over_the_limit_is_cut_with_413(gw: Gateway) -> None:
     outcome = attack("127.0.0.1", gw.port, chunked_body(100 * MiB), timeout_s=10,
                      until_close=True)
     assert outcome.status == 413, outcome
-    assert json_error(outcome.body)["code"] == "payload_too_large"
+    assert openai_error(outcome.body)["code"] == "payload_too_large"
     assert outcome.seconds < 1
     # Read no further than the discard bound (GATEWAY_DISCARD_BODY_BYTES: the rest of a body
     # over the limit is read and dropped up to it, so a client still sending gets the 413) plus
@@ -177,7 +177,7 @@ def test_floods_leave_the_probes_answering_and_are_closed_at_the_timeouts(gw: Ga
 def test_bad_requests_get_openai_json(gw: Gateway) -> None:
     outcome = attack("127.0.0.1", gw.port, [b"NOT HTTP AT ALL\r\n\r\n"])
     assert outcome.status == 400
-    assert json_error(outcome.body)["type"] == "invalid_request_error"
+    assert openai_error(outcome.body)["type"] == "invalid_request_error"
 
 
 # Framings httptools refuses (RFC 9112 section 6.3 and 11.2), each after a POST head.
@@ -207,7 +207,7 @@ def test_smuggling_shapes_get_one_400_each_and_the_log_one_line(
         for name, shape in SMUGGLING.items():
             answers = until_closed(gw.port, head + shape + REQUEST_LINE + b"\r\n")
             assert [status for status, _ in answers] == [400], (name, answers)
-            assert json_error(answers[0][1])["type"] == "invalid_request_error"
+            assert openai_error(answers[0][1])["type"] == "invalid_request_error"
         assert gw.metric("llmserve_edge_events_total", 'reason="bad_request"') == len(SMUGGLING)
         gw.proc.send_signal(signal.SIGTERM)
         log = ended_log(gw.proc)
@@ -234,6 +234,6 @@ def test_garbage_behind_a_running_stream_is_refused_after_it_in_order(
         stream, _, refusal = received.partition(b"data: [DONE]\n\n\r\n0\r\n\r\n")
         assert stream.count(b'"content":" tok"') == 10
         assert refusal.startswith(b"HTTP/1.1 400 ")
-        assert json_error(refusal.split(b"\r\n\r\n", 1)[1])["type"] == "invalid_request_error"
+        assert openai_error(refusal.split(b"\r\n\r\n", 1)[1])["type"] == "invalid_request_error"
         assert up.aborted == 0
         assert gw.metric("llmserve_edge_events_total") == 1

@@ -10,7 +10,7 @@ from gateway.edge.limits import Edge, raw_response
 from gateway.errors import RequestTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.settings import EdgeSettings
-from tests.gateway.edge.conftest import json_error
+from tests.openai_error import openai_error
 
 
 def test_edge_events_count_every_time_and_log_once_per_interval(
@@ -33,4 +33,4 @@ def test_a_refusal_is_a_whole_response_that_closes_the_connection() -> None:
     assert lines[0] == b"HTTP/1.1 408 Request Timeout"
     assert b"server: x" in lines and b"connection: close" in lines
     assert b"content-length: %d" % len(body) in lines
-    assert json_error(body)["message"] == "too slow"
+    assert openai_error(body)["message"] == "too slow"

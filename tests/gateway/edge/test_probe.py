@@ -14,7 +14,8 @@ from bench.fake_upstream import Behaviour, start_in_thread
 from gateway.settings import EdgeSettings, GatewaySettings
 from tests import loopback
 from tests.gateway.conftest import BackgroundStream
-from tests.gateway.edge.conftest import Gateway, edge_gateway, json_error, until_closed
+from tests.gateway.edge.conftest import Gateway, edge_gateway, until_closed
+from tests.openai_error import openai_error
 from tests.ports import free_port
 from tests.waiting import wait_for
 
@@ -38,7 +39,7 @@ def test_the_probe_port_serves_upgrade_requests_as_plain_http(gw: Gateway) -> No
     answers = until_closed(gw.probe, b"POST /health HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n"
                            + ws + b"\r\n{}")
     assert [status for status, _ in answers] == [400]
-    assert json_error(answers[0][1])["type"] == "invalid_request_error"
+    assert openai_error(answers[0][1])["type"] == "invalid_request_error"
 
 @pytest.mark.slow
 def test_the_probe_port_answers_through_the_drain() -> None:

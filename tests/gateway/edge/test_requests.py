@@ -19,7 +19,8 @@ from tests.gateway.conftest import (
     run_gateway,
     url_of,
 )
-from tests.gateway.edge.conftest import ended_log, json_error, until_closed
+from tests.gateway.edge.conftest import ended_log, until_closed
+from tests.openai_error import openai_error
 
 _KEEP_ALIVE_S = 0.6
 _REQUEST = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
@@ -190,7 +191,7 @@ def test_what_follows_an_upgrade_head_is_never_lost_nor_parsed_as_a_request(
             # The body in the head's read (as curl sends it), or in a read of its own.
             answers = until_closed(port, post % len(_CHAT) + upgrade + b"\r\n" + _CHAT)
             assert [status for status, _ in answers] == [400], answers
-            assert "Upgrade header" in str(json_error(answers[0][1])["message"])
+            assert "Upgrade header" in str(openai_error(answers[0][1])["message"])
             assert until_closed(port, post % len(get) + upgrade + b"\r\n", get) == answers
             # No body: answered, then closed, the request behind it (in the same read) not read.
             answers = until_closed(port, get.replace(b"\r\n\r\n", b"\r\n" + upgrade + b"\r\n")

@@ -16,6 +16,7 @@ import pytest
 
 from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of, write_keys
+from tests.openai_error import assert_openai_error
 from tests.ports import free_port
 from tests.waiting import settle
 
@@ -31,10 +32,9 @@ def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def assert_openai_error(r: httpx.Response, status: int, code: str) -> None:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["code"] == code
+def assert_refused(r: httpx.Response, status: int, code: str) -> None:
+    """An OpenAI error of `status` and `code` that says when to retry."""
+    assert_openai_error(r, status, code)
     assert int(r.headers["retry-after"]) >= 1
 
 
@@ -49,7 +49,7 @@ def test_rpm_limit_is_429_fast_with_retry_after(upstreams: UpstreamFactory,
             r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
             # Refused before any upstream work (how fast: `bench.gateway_overhead --flow`).
             assert up.completions == sent
-            assert_openai_error(r, 429, "rate_limit_exceeded")
+            assert_refused(r, 429, "rate_limit_exceeded")
             assert 15 <= int(r.headers["retry-after"]) <= 21  # 3/min: one back every 20 s
             # Another key is not affected.
             assert c.post("/v1/completions", json=BODY, headers=auth("sk-big")).is_success
@@ -65,7 +65,7 @@ def test_tpm_counts_streamed_usage(upstreams: UpstreamFactory, tmp_path: Path) -
             assert r.status_code == 200 and "[DONE]" in r.text
             # 5 prompt + 80 completion tokens > 60/min: the bucket is overdrawn.
             r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
-            assert_openai_error(r, 429, "rate_limit_exceeded")
+            assert_refused(r, 429, "rate_limit_exceeded")
             assert int(r.headers["retry-after"]) >= 25  # 25 tokens in debt at 1 token/s
         assert gw.metric('llmserve_tenant_tokens_total{kind="output",tenant="small"}') == 80
         assert gw.metric('llmserve_tenant_tokens_total{kind="input",tenant="small"}') == 5
@@ -80,13 +80,13 @@ def test_waiting_the_retry_after_of_a_429_succeeds(upstreams: UpstreamFactory,
         while (r := c.post("/v1/completions", json=BODY,
                            headers=auth("sk-small"))).status_code == 200:
             pass
-        assert_openai_error(r, 429, "rate_limit_exceeded")
+        assert_refused(r, 429, "rate_limit_exceeded")
         # The message holds the exact wait (a request comes back every 2 s): sleep until
         # 1.3 s of it remain, a wait whose whole seconds round down.
         exact = float(r.json()["error"]["message"].rsplit(" ", 1)[1].rstrip("s"))
         time.sleep(max(0.0, exact - 1.3))
         r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
-        assert_openai_error(r, 429, "rate_limit_exceeded")
+        assert_refused(r, 429, "rate_limit_exceeded")
         time.sleep(int(r.headers["retry-after"]))
         r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
         assert r.status_code == 200, (r.text, r.headers.get("retry-after"))
@@ -115,7 +115,7 @@ def test_a_stream_cut_by_its_client_is_charged_what_it_was_sent(
         # At least what the client read; at most what the replica had sent by the hang-up.
         assert 150 <= gw.metric(metric) < 400
         r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
-        assert_openai_error(r, 429, "rate_limit_exceeded")
+        assert_refused(r, 429, "rate_limit_exceeded")
         assert int(r.headers["retry-after"]) >= 30  # 50+ tokens in debt at 100/min
 
 
@@ -142,7 +142,7 @@ async def test_overload_is_503_fast_and_admitted_ones_succeed(upstreams: Upstrea
         assert 2 <= statuses.count(200) <= 12 and statuses.count(503) >= 8, statuses
         for status, _, r in results:
             if status == 503:
-                assert_openai_error(r, 503, "overloaded")
+                assert_refused(r, 503, "overloaded")
         # Refused at the door: the upstream saw only the admitted ones. (How fast a refusal is,
         # is measured out of process by `bench.gateway_overhead --flow` and bench/flow_engine.py.)
         assert up.completions == statuses.count(200)
@@ -237,7 +237,7 @@ async def test_a_request_pushed_out_of_the_queue_is_answered_at_once(
             done, _ = await asyncio.wait(queued, timeout=10, return_when=asyncio.FIRST_COMPLETED)
             waited = time.monotonic() - start
             evicted = done.pop().result()
-            assert_openai_error(evicted, 503, "overloaded")
+            assert_refused(evicted, 503, "overloaded")
             assert "queue is full" in evicted.json()["error"]["message"]
             assert gw.metric('llmserve_rejections_total{pool="demo",reason="queue_full"}') == 1
             # At once, not at its queue deadline (3 s; its answer would then say no slot came

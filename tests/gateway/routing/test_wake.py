@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests import loopback
 from tests.autoscaler import Autoscaler, pool_gauge, sample_value
 from tests.gateway.conftest import RunningGateway, run_gateway, write_keys
 from tests.gateway.lora_upstream import LoraReplica, serve
+from tests.openai_error import openai_error
 from tests.ports import free_port
 from tests.waiting import wait_for
 
@@ -103,8 +103,7 @@ async def test_past_the_wake_budget_every_request_gets_503_with_retry_after() ->
         for status, body, headers in results:
             assert status == 503
             assert headers["retry-after"] == "1"  # min(budget, 30 s), whole seconds, at least 1
-            err = json.loads(body)["error"]
-            assert set(err) == {"message", "type", "param", "code"}
+            err = openai_error(body)
             assert err["code"] == "model_waking" and err["type"] == "server_error"
         assert sample_value(gw.url, "llmserve_rejections_total", pool=MODEL,
                             reason="wake_timeout") == 8
