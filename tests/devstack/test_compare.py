@@ -4,34 +4,39 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from devstack.compare import append_setup
 from devstack.procs import Proc, tree_cpu_seconds
+from tests.waiting import wait_for
 
 
 @pytest.mark.slow
 def test_tree_cpu_counts_a_busy_grandchild_and_not_an_idle_tree(tmp_path: Path) -> None:
-    spin = "import time\nt = time.time()\nwhile time.time() - t < 3: pass\n"
+    # Waited on, not timed: on a loaded machine the spinning grandchild may get little CPU
+    # in a fixed window, and a start may fall into it. The busy tree must accrue 0.45 s of CPU
+    # (0.3 cores for 1.5 s; its parent only sleeps, so only the grandchild can), while the idle
+    # one, started and asleep, accrues next to none in the same time.
+    spin = "print('spinning', flush=True)\nwhile True: pass\n"
     parent = ("import subprocess, sys, time\n"
-              f"subprocess.Popen([sys.executable, '-c', {spin!r}])\ntime.sleep(5)\n")
+              f"subprocess.Popen([sys.executable, '-c', {spin!r}])\ntime.sleep(60)\n")
     busy = Proc("busy", [sys.executable, "-c", parent], {}, tmp_path / "busy.log")
-    idle = Proc("idle", [sys.executable, "-c", "import time; time.sleep(5)"], {},
+    idle = Proc("idle", [sys.executable, "-c",
+                         "import time\nprint('started', flush=True)\ntime.sleep(60)"], {},
                 tmp_path / "idle.log")
     try:
-        time.sleep(0.5)
+        wait_for(lambda: b"spinning" in busy.log_path.read_bytes()
+                 and b"started" in idle.log_path.read_bytes(), 30, "the processes never started")
         b0, i0 = tree_cpu_seconds([busy]), tree_cpu_seconds([idle])
-        time.sleep(1.5)
-        busy_cores = (tree_cpu_seconds([busy]) - b0) / 1.5
-        idle_cores = (tree_cpu_seconds([idle]) - i0) / 1.5
+        wait_for(lambda: tree_cpu_seconds([busy]) - b0 >= 0.45, 30,
+                 "the busy tree accrued no CPU: its spinning grandchild is not counted")
+        idle_cpu = tree_cpu_seconds([idle]) - i0
     finally:
         busy.stop(grace_s=1)
         idle.stop(grace_s=1)
-    assert busy_cores > 0.3  # the spinning grandchild (shares 2 cores with everything else)
-    assert idle_cores < 0.05
+    assert idle_cpu < 0.05
 
 
 def test_setup_section_reports_idle_cost_and_the_a_a_ratio(tmp_path: Path) -> None:
