@@ -409,7 +409,9 @@ def test_client_disconnect_before_the_first_token_closes_the_upstream(
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
                          b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-            time.sleep(0.3)  # the request is at the upstream, waiting for its first token
+            # The request is at the upstream, waiting for its first token (1 s): waited for, as
+            # on a loaded machine it may not be there yet after a fixed time.
+            wait_for(lambda: up.completions == 1, 10, "the request never reached the upstream")
         # The gateway drops the upstream connection; the fake notices at its first token's write
         # (an engine notices at once). Had the request gone on, the stream would end unaborted.
         deadline = time.monotonic() + 3

@@ -15,6 +15,7 @@ from gateway.api import stream
 from gateway.api.splice import Splice
 from tests import loopback
 from tests.gateway.conftest import UpstreamFactory, run_gateway, url_of
+from tests.waiting import wait_for
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
@@ -72,7 +73,14 @@ def test_a_client_that_reads_slowly_gets_every_event(
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
                          b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
                          % (len(body), body))
-            time.sleep(1.0)  # read nothing while the upstream has sent it all
+            # Read nothing until the gateway's writes met the full buffer (direct writes: their
+            # stop is counted; waited for, as a loaded machine may take more than a second to
+            # send that much). Under ASGI uvicorn's `send` waits instead: nothing to wait for,
+            # so a second of not reading.
+            if edge:
+                wait_for(lambda: bool(stops), 30, "the writes never met the full buffer")
+            else:
+                time.sleep(1.0)
             text = read_chunked_stream(sock)
         events = [e for e in text.split(b"\n\n") if e]
         assert sum(e.count(b'"content":" tok"') for e in events) == n

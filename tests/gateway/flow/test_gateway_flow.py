@@ -82,9 +82,11 @@ def test_waiting_the_retry_after_of_a_429_succeeds(upstreams: UpstreamFactory,
             pass
         assert_refused(r, 429, "rate_limit_exceeded")
         # The message holds the exact wait (a request comes back every 2 s): sleep until
-        # 1.3 s of it remain, a wait whose whole seconds round down.
+        # 1.8 s of it remain, a wait whose whole seconds round down. (The next request must
+        # reach the gateway within those 1.8 s to hear its 429; up to 0.8 s late, it still
+        # hears a wait of over 1 s, which rounded down would fail it.)
         exact = float(r.json()["error"]["message"].rsplit(" ", 1)[1].rstrip("s"))
-        time.sleep(max(0.0, exact - 1.3))
+        time.sleep(max(0.0, exact - 1.8))
         r = c.post("/v1/completions", json=BODY, headers=auth("sk-small"))
         assert_refused(r, 429, "rate_limit_exceeded")
         time.sleep(int(r.headers["retry-after"]))
