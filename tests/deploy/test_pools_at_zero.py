@@ -18,7 +18,7 @@ from tests import loopback
 from tests.autoscaler import pool_gauge
 from tests.deploy.manifests import env_of, render
 from tests.gateway.conftest import spawned_gateway
-from tests.gateway.lora_upstream import LoraReplica, serve
+from tests.gateway.lora_upstream import answered_by_a_new_replica
 from tests.ports import free_port
 from tests.waiting import wait_for
 
@@ -71,10 +71,5 @@ async def test_a_fresh_gateway_waits_for_a_declared_adapter_and_a_declared_pool_
             await asyncio.to_thread(
                 wait_for, lambda: pool_gauge(url, "llmserve_pool_demand", PARKED) == 1)
             assert not waiting.done()
-            replica = LoraReplica("r0", base=PARKED, port=port,
-                                  declared={"chat": "/models/adapters/chat/v1"})
-            with serve(replica):
-                resp = await waiting
-        assert resp.status_code == 200, resp.text
-        assert "chat@r0" in resp.text
+            await answered_by_a_new_replica(waiting, PARKED, port)
         assert pool_gauge(url, "llmserve_pool_demand", PARKED) == 0

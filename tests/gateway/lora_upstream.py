@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
+import httpx
 import orjson
 import uvicorn
 from starlette.applications import Starlette
@@ -165,3 +166,14 @@ def serve(*replicas: LoraReplica) -> Iterator[tuple[LoraReplica, ...]]:
         finally:
             for server in servers:  # all at once, then each is joined
                 server.stop()
+
+
+async def answered_by_a_new_replica(waiting: asyncio.Task[httpx.Response], base: str,
+                                    port: int) -> None:
+    """A replica of `base` with the "chat" adapter declared comes up on `port` (where the gateway
+    expects it): the request `waiting` for it is answered there, by the adapter."""
+    replica = LoraReplica("r0", base=base, port=port, declared={"chat": "/models/adapters/chat/v1"})
+    with serve(replica):
+        resp = await waiting
+    assert resp.status_code == 200, resp.text
+    assert "chat@r0" in resp.text

@@ -19,7 +19,7 @@ from gateway.settings import PoolLayout
 from tests import loopback
 from tests.autoscaler import Autoscaler, pool_gauge, sample_value
 from tests.gateway.conftest import RunningGateway, run_gateway, write_keys
-from tests.gateway.lora_upstream import LoraReplica, serve
+from tests.gateway.lora_upstream import LoraReplica, answered_by_a_new_replica, serve
 from tests.openai_error import openai_error
 from tests.ports import free_port
 from tests.waiting import wait_for
@@ -220,12 +220,7 @@ async def test_a_fresh_gateway_knows_a_declared_adapter_and_its_request_wakes_th
                 client.post("/v1/chat/completions", json={**STREAM, "model": "chat",
                                                           "stream": False}))
             await asyncio.to_thread(wait_for, lambda: demand(gw) == 1)
-            replica = LoraReplica("r0", base=MODEL, port=port,
-                                  declared={"chat": "/models/adapters/chat/v1"})
-            with serve(replica):
-                resp = await task
-        assert resp.status_code == 200, resp.text
-        assert "chat@r0" in resp.text
+            await answered_by_a_new_replica(task, MODEL, port)
         assert demand(gw) == 0
 
 
