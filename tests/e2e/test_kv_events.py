@@ -34,6 +34,30 @@ async def until(predicate: Callable[[], bool], what: str, timeout_s: float = 20.
         await asyncio.sleep(0.05)
 
 
+async def nudged(predicate: Callable[[], bool], url: str, model_name: str, what: str,
+                 timeout_s: float = 60.0, first_s: float = 2.0) -> None:
+    """Wait for `predicate`; after `first_s`, then every 2 s, that it does not hold, send `url`
+    a small completion of a fresh prompt. ZMQ drops what the engine publishes before a new
+    subscription reached it, which no fixed wait rules out on a loaded machine; the batch of a
+    later step makes the subscriber replay what it missed from the engine's buffer
+    (gateway/routing/kv_events.py)."""
+    end = time.monotonic() + timeout_s
+    wait_s = first_s
+    while True:
+        nudge = time.monotonic() + wait_s
+        wait_s = 2.0
+        while time.monotonic() < nudge:
+            if predicate():
+                return
+            assert time.monotonic() < end, f"not reached in {timeout_s:.0f} s: {what}"
+            await asyncio.sleep(0.05)
+        async with loopback.async_client(timeout=120) as c:
+            r = await c.post(url + "/v1/completions", json={
+                "model": model_name, "prompt": f"[{uuid.uuid4()}] " + "Hello there. " * 60,
+                "max_tokens": 1})
+            assert r.status_code == 200, r.text
+
+
 @pytest.mark.usefixtures("kv_watch")
 async def test_the_engines_events_build_the_index_the_gateway_scores_on(
         stack: LocalStack, model_name: str) -> None:
@@ -45,7 +69,6 @@ async def test_the_engines_events_build_the_index_the_gateway_scores_on(
         idx = [events.indexes[u] for u in stack.worker_urls]
         await until(lambda: not any(i.stale for i in idx),
                     "every worker's publisher connected (are both workers up?)")
-        await asyncio.sleep(0.3)  # the subscription reaches the publishers after the connection
         # A fresh prompt of several blocks (128 tokens on the CPU), to worker 0 alone.
         messages = [{"role": "system", "content": f"[{uuid.uuid4()}] You are a careful "
                      "assistant. " + "The river runs past the mountain garden. " * 60},
@@ -61,8 +84,8 @@ async def test_the_engines_events_build_the_index_the_gateway_scores_on(
         assert tokens is not None
         # The gateway's tokens are the engine's, so its block hashes can be.
         assert tokens == tk.json()["tokens"] and len(tokens) == prompt_tokens
-        await until(lambda: idx[0].block_size is not None and len(idx[0].blocks) > 0,
-                    "worker 0's first BlockStored")
+        await nudged(lambda: idx[0].block_size is not None and len(idx[0].blocks) > 0,
+                     stack.worker_urls[0], model_name, "worker 0's first BlockStored")
         size = idx[0].block_size
         assert size is not None
         hashes = BlockHasher(settings.hash_algo, settings.hash_seed).hashes(tokens, size, 512)
@@ -75,21 +98,18 @@ async def test_the_engines_events_build_the_index_the_gateway_scores_on(
         late.follow(stack.worker_urls[:1])
         late_idx: ReplicaIndex = late.indexes[stack.worker_urls[0]]
         await until(lambda: not late_idx.stale, "the late subscriber connected")
-        await asyncio.sleep(0.3)
-        async with loopback.async_client(timeout=120) as c:  # one more batch, to see a gap
-            r = await c.post(stack.worker_urls[0] + "/v1/completions", json={
-                "model": model_name, "prompt": f"[{uuid.uuid4()}] " + "Hello there. " * 60,
-                "max_tokens": 2})
-            assert r.status_code == 200, r.text
-        await until(lambda: late_idx.matched(hashes) == len(hashes),
-                    "the late subscriber replayed the blocks stored before it joined")
+        # It learns of them at its first batch (a gap from 0): nudged() sends those batches.
+        await nudged(lambda: late_idx.matched(hashes) == len(hashes), stack.worker_urls[0],
+                     model_name, "the late subscriber replayed the blocks stored before it joined",
+                     first_s=0)
         # Worker 1 holds blocks too, for test_zy_kv_restart.py: its restart must drop them.
         async with loopback.async_client(timeout=120) as c:
             r = await c.post(stack.worker_urls[1] + "/v1/completions", json={
                 "model": model_name, "prompt": f"[{uuid.uuid4()}] " + "Good morning. " * 90,
                 "max_tokens": 2})
             assert r.status_code == 200, r.text
-        await until(lambda: len(idx[1].blocks) > 0, "worker 1's first BlockStored")
+        await nudged(lambda: len(idx[1].blocks) > 0, stack.worker_urls[1], model_name,
+                     "worker 1's first BlockStored")
     finally:
         await events.close()
         if late is not None:
