@@ -24,6 +24,7 @@ HOMES = {
     "create_response": "gateway/conftest.py",
     "pool_values": "deploy/conftest.py",
     "openai_error": "openai_error.py",
+    "assert_openai_error": "openai_error.py",
 }
 
 

@@ -5,29 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
 import pytest
 
 from devstack.stack import LocalStack
 from tests import loopback
+from tests.openai_error import assert_openai_error
 from tests.waiting import metric_sum, scrape
 
 pytestmark = pytest.mark.engine
-
-
-def assert_openai_error(resp: httpx.Response, status: int, code: str | None = None) -> dict:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert isinstance(err["message"], str) and err["message"]
-    assert isinstance(err["type"], str)
-    assert err["param"] is None or isinstance(err["param"], str)
-    # The gateway's own codes are strings; the engine's, relayed as it wrote them, integers.
-    assert err["code"] is None or isinstance(err["code"], str | int)
-    if code is not None:
-        assert err["code"] == code
-    return err
 
 
 def test_unknown_model_is_404(stack: LocalStack) -> None:

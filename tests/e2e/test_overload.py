@@ -11,7 +11,7 @@ import pytest
 
 from devstack.stack import LocalStack
 from tests import loopback
-from tests.e2e.test_errors_and_disconnect import assert_openai_error
+from tests.openai_error import assert_openai_error
 from tests.waiting import scrape
 
 pytestmark = pytest.mark.engine
