@@ -191,12 +191,13 @@ async def test_abort_mid_stream_closes_the_connection(server: str) -> None:
 
 
 async def test_push_feeds_the_sink_until_the_body_ends(server: str, transport) -> None:
-    # Gaps of 0.25 s under an idle deadline of 0.8 s, 1.25 s in all: each read in push mode moves
-    # the deadline (the relay's task sleeps meanwhile and reads nothing itself). A deadline that
-    # did not move would fire 0.8 s in, whatever the load; one that does tolerates a stall of
-    # 0.55 s in any gap (a full GC of a loaded test process takes 0.4 s here).
-    t = transport(idle_s=0.8)
-    resp = await t.post(server + "/stream?stamp&gaps=0,0.25,0.25,0.25,0.25,0.25", b"{}", {},
+    # 17 gaps of 0.1 s under an idle deadline of 1.5 s, 1.7 s in all: each read in push mode
+    # moves the deadline (the relay's task sleeps meanwhile and reads nothing itself). A deadline
+    # that did not move would fire 1.5 s in, whatever the load; one that does tolerates a stall
+    # of the loop of 1.4 s in any gap (a full GC of a loaded test process takes 0.4 s here, and
+    # twice that for a process starved of CPU meanwhile).
+    t = transport(idle_s=1.5)
+    resp = await t.post(server + "/stream?stamp&gaps=0" + ",0.1" * 17, b"{}", {},
                         streaming=True)
     got: list[bytes] = []
     times: list[float] = []
@@ -207,9 +208,9 @@ async def test_push_feeds_the_sink_until_the_body_ends(server: str, transport) -
         return True
 
     await resp.push(sink)
-    assert len(got) == 6 and all(re.fullmatch(rb"data: [0-9.]+\n\n", c) for c in got), got
+    assert len(got) == 18 and all(re.fullmatch(rb"data: [0-9.]+\n\n", c) for c in got), got
     # Each chunk comes with the loop time it arrived: after the upstream sent it and before the
-    # upstream sent the next (0.25 s later). Ordered by causality, not measured against a
+    # upstream sent the next (0.1 s later). Ordered by causality, not measured against a
     # tolerance, so a stalled loop cannot break it.
     sent = [float(c[6:]) for c in got]
     interleaved = [x for pair in zip(sent, times, strict=True) for x in pair]
