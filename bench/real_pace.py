@@ -49,9 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.load import build_request, pct
-from bench.procs import busy_share, cpu_busy, cpu_seconds, start, stop_all, wait_ok
+from bench.procs import busy_share, cpu_busy, cpu_seconds, free_port, start, stop_all, wait_ok
 from devstack.cli import Parser
-from devstack.procs import free_port
 
 
 @dataclass
@@ -284,10 +283,13 @@ class Overload:
     done: int = 0  # answers completed within the round
     errors: int = 0
     duration_s: float = 0.0
+    # When each admitted request over `--late-ms` was sent, in seconds from the round's start:
+    # a cold start's climb overshooting shows as one early run, a steady state's misses all along.
+    late_at: list[float] = field(default_factory=list)
 
 
 async def _user(port: int, raw: bytes, think_s: float, end: float, rng: random.Random,
-                out: Overload) -> None:
+                out: Overload, start: float, late_s: float) -> None:
     await asyncio.sleep(0)
     conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     while time.perf_counter() < end:
@@ -307,7 +309,10 @@ async def _user(port: int, raw: bytes, think_s: float, end: float, rng: random.R
                 n = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
                 await r.readexactly(n)
             else:
-                out.ttft.append(await read_stream(r, b"") - t0)
+                ttft = await read_stream(r, b"") - t0
+                out.ttft.append(ttft)
+                if ttft > late_s:
+                    out.late_at.append(t0 - start)
                 out.done += time.perf_counter() <= end
         except (ConnectionError, OSError, ValueError, IndexError, asyncio.IncompleteReadError):
             out.errors += 1
@@ -320,13 +325,15 @@ async def _user(port: int, raw: bytes, think_s: float, end: float, rng: random.R
 
 
 async def closed_loop(port: int, users: int, think_s: float, duration: float, tokens: int,
-                      seed: int) -> Overload:
+                      seed: int, late_s: float = float("inf")) -> Overload:
     out = Overload(duration_s=duration)
     raw = build_request(f"http://127.0.0.1:{port}", "demo", tokens)
-    end = time.perf_counter() + duration
+    start = time.perf_counter()
+    end = start + duration
     rng = random.Random(seed)
-    await asyncio.gather(*(_user(port, raw, think_s, end, random.Random(rng.random()), out)
-                           for _ in range(users)))
+    await asyncio.gather(*(_user(port, raw, think_s, end, random.Random(rng.random()), out,
+                                 start, late_s) for _ in range(users)))
+    out.late_at.sort()
     return out
 
 
@@ -347,12 +354,15 @@ def overload(args: argparse.Namespace, targets: dict[str, str], up: int, tmp: Pa
                     wait_ok(f"http://127.0.0.1:{port}/health", 60)
                     wait_ok(f"http://127.0.0.1:{port}/ready", 30)
                 res = asyncio.run(closed_loop(port, args.overload, args.think_s, args.duration,
-                                              args.tokens, seed=r))
+                                              args.tokens, seed=r, late_s=args.late_ms / 1e3))
             finally:
                 if proc is not None:
                     stop_all([proc])
             rows[name].append(res)
             print(f"round {r + 1} {name:10s} " + overload_line(res), flush=True)
+            if res.late_at and name != "engine":
+                print(f"    {len(res.late_at)} admitted over {args.late_ms:g} ms, sent at "
+                      f"{_spans(res.late_at, gap=0.25)} s", flush=True)
             time.sleep(1.0)  # let the engine's backlog drain before the next side
     print(f"\n{args.overload} users thinking {args.think_s:g} s, {args.max_num_seqs} sequence "
           f"slots, {args.tokens} tokens {args.gap_ms:g} ms apart after {args.ttft_ms:g} ms, "
@@ -410,6 +420,9 @@ def main() -> int:
                    help="closed-loop overload of USERS users instead of the open loop; 0: off")
     p.add_argument("--think-s", type=float, default=1.0,
                    help="--overload: each user's mean pause after an answer or a refusal")
+    p.add_argument("--late-ms", type=float, default=500.0,
+                   help="--overload: say when the admitted requests with a TTFT over this were "
+                        "sent (for the gateways)")
     p.add_argument("--max-num-seqs", type=int, default=0,
                    help="streams the upstream serves at once; the rest wait for a slot; "
                         "0: no limit")
