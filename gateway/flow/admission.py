@@ -25,6 +25,7 @@ shape: docs/flow-control.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from time import monotonic
@@ -58,12 +59,18 @@ MIN_OVERDUE_S = 0.05
 # trip's growth. Not all of it: against full engines each request so queued waits about OVERDUE
 # first tokens for its refusal (docs/flow-control.md).
 PROMISE = 1.5
+# A fast first token's slots wait for the streams sent up to this long after it (with it: in the
+# same engine step, or arriving in the same instant as a load generator's connections).
+SENT_WITH_S = 0.001
+# A request queued on the climb's promise waits for a verdict due up to this share of the queue
+# timeout after its deadline (`Pool._await_verdict`).
+VERDICT_GRACE = 0.5
 
 
 class Pool:
     """One model's backends as admission sees them: limit, in-flight count, queue, pace."""
 
-    __slots__ = ("_answered", "_clock", "_metrics", "_overflows", "_pending", "_promised",
+    __slots__ = ("_answered", "_clock", "_held", "_metrics", "_overflows", "_pending", "_promised",
                  "_queue_time", "_replicas", "_settings", "_watch", "_weights", "by_tenant",
                  "in_flight", "limiter", "name", "pace", "queue")
 
@@ -90,9 +97,13 @@ class Pool:
         # alone (no other pending then: prefilled alone, its time is no pace for a burst's), and
         # whether it streams (only a stream shows its first token).
         self._pending: deque[tuple[float, bool, bool]] = deque()
-        # ... and when the latest-sent stream with a first token was sent (a whole answer shows
-        # only its end: a short one sent with a long one comes back first).
+        # ... and when the latest-sent stream with a first token was sent, plus SENT_WITH_S: a
+        # stream sent no later still waiting was overtaken, or left behind by its burst (a whole
+        # answer shows only its end: a short one sent with a long one comes back first).
         self._answered = float("-inf")
+        # Slots earned by fast first tokens and held back (`sample`): with the time before which
+        # every stream sent must have shown its first token for them to count.
+        self._held: list[tuple[float, float]] = []
         self._replicas = 0  # available, as last told (set_replicas)
         # Requests queued on slow start's promise, and the timer that refuses them as soon as
         # the promise is seen broken (`_check_promises`).
@@ -186,19 +197,22 @@ class Pool:
             self._promised.append(w)
             self._check_promises()
         try:
-            async with asyncio.timeout(s.queue_timeout_s):
-                await w.future
-        except TimeoutError:
-            if not self._granted(w):  # else the slot came in the same instant as the deadline
-                self.queue.remove(w)
-                if promised and not self._climbing():
-                    # Queued on slow start's promise, and the engines turned out to be full:
-                    # sent now, it would wait inside them past the target. Otherwise nothing
-                    # shows them full (a burst's first tokens may all come after the deadline).
-                    self._queue_time.observe(self._clock() - now)
-                    raise self._refuse("queue_timeout", len(self.queue))
-                self._take(tenant.name, tenant.weight, stream)
-                self._overflows.inc()
+            try:
+                async with asyncio.timeout(s.queue_timeout_s):
+                    await w.future
+            except TimeoutError:
+                if promised and not self._granted(w):
+                    await self._await_verdict(w, now + s.queue_timeout_s * (1 + VERDICT_GRACE))
+                if not self._granted(w):  # else the slot came in the same instant as a deadline
+                    self.queue.remove(w)
+                    if promised and not self._climbing():
+                        # Queued on slow start's promise, and the engines turned out to be full:
+                        # sent now, it would wait inside them past the target. Otherwise nothing
+                        # shows them full (a burst's first tokens may all come after the deadline).
+                        self._queue_time.observe(self._clock() - now)
+                        raise self._refuse("queue_timeout", len(self.queue)) from None
+                    self._take(tenant.name, tenant.weight, stream)
+                    self._overflows.inc()
         except asyncio.CancelledError:
             if self._granted(w):
                 self.release(tenant.name, stream)
@@ -206,6 +220,22 @@ class Pool:
                 self.queue.remove(w)
             raise
         self._queue_time.observe(self._clock() - now)
+
+    async def _await_verdict(self, w: Waiter, until: float) -> None:
+        """Past its deadline, a request queued on the climb's promise waits for the verdict on an
+        engine that holds streams sent with those it started (`_verdict_at`), if it is due by
+        `until`: sent a moment before it, the request would join a full engine's queue, and
+        refused, it would lose the slots that engine gives when it starts them after all. It
+        keeps its place in the queue (its future, cancelled by the deadline, is renewed) and is
+        granted, refused (raises) or neither by then."""
+        verdict = self._verdict_at()
+        if verdict is None or verdict > until:
+            return
+        w.future = asyncio.get_running_loop().create_future()
+        # A millisecond after it: the promise's own watch (`_check_promises`) decides first.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, verdict - self._clock()) + 1e-3):
+                await w.future
 
     def _climbing(self) -> bool:
         """The limit is still climbing from a cold start and nothing shows the engines full yet:
@@ -223,14 +253,27 @@ class Pool:
     def _overdue_at(self, sent: float, first: float) -> float:
         """When a request in flight since `sent` without a first token shows the engines
         queueing, given the climb's fastest first token: OVERDUE of those after it was sent if a
-        request sent no later has its first token (the engine took that one and not this one;
-        one replica only), else at OVERDUE_TARGET of the target."""
+        stream sent with it or after it has its first token (the engine took that one and not
+        this one; one replica only), else at OVERDUE_TARGET of the target."""
         late = sent + OVERDUE_TARGET * self.limiter.target_s
-        # Overtaken only shows in one engine's queue: across replicas, a request sent later may
-        # have gone to a less busy one.
-        if sent <= self._answered and self._replicas <= 1:
+        if self._left_behind(sent):
             return min(late, sent + max(OVERDUE * first, MIN_OVERDUE_S))
         return late
+
+    def _left_behind(self, sent: float) -> bool:
+        """A stream sent then, still without a first token, was overtaken or left behind by the
+        burst it was sent with. Only one engine's queue shows it: across replicas, a request
+        sent later may have gone to a less busy one."""
+        return sent <= self._answered and self._replicas <= 1
+
+    def _verdict_at(self) -> float | None:
+        """When the climb's promise will be judged, if an engine left a stream behind (else
+        None: nothing is being judged, the late rule aside)."""
+        first = self.limiter.first_token_s
+        oldest = self._oldest_stream()
+        if first <= 0.0 or oldest is None or not self._left_behind(oldest):
+            return None
+        return self._overdue_at(oldest, first)
 
     def _check_promises(self) -> None:
         """Refuse the requests queued on slow start's promise as soon as it is broken (slow start
@@ -267,8 +310,10 @@ class Pool:
         if not self.in_flight:
             # None in flight, none pending: one that ended without a sample while others had
             # theirs (its entry could not be told apart from theirs) goes now, not into the next
-            # burst, whose first request would no longer count as sent alone.
+            # burst, whose first request would no longer count as sent alone. Slots held for
+            # streams that ended without a first token go too: nothing showed room for them.
             pending.clear()
+            self._held.clear()
         elif len(pending) > self.in_flight:  # it ended without a sample (an error, a hang-up)
             # Which one is not known: take the newest of its kind. An engine's error comes back
             # within milliseconds, while the older ones still wait; and the oldest may be the
@@ -277,6 +322,8 @@ class Pool:
                 if pending[i][2] is stream:
                     del pending[i]
                     break
+        if self._held:
+            self._release_held()
         n = self.by_tenant[tenant] - 1
         if n:
             self.by_tenant[tenant] = n
@@ -290,9 +337,19 @@ class Pool:
         """A streamed request's upstream TTFT."""
         before = self.limiter.limit
         entry = self._oldest(True)
-        self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight,
-                               paced=entry is None or not entry[1])
-        self._answered = max(self._answered, dispatched_at)
+        until = dispatched_at + SENT_WITH_S
+        # A fast first token adds its slots once the streams sent with it have theirs too: an
+        # engine that starts some of a burst and holds the rest has no room for more, however
+        # fast it started those (a continuously batching one starts the rest a step later).
+        hold = False
+        if self.limiter.slow_start:
+            nxt = self._oldest_stream(after=entry)
+            hold = nxt is not None and nxt <= until
+        held = self.limiter.on_sample(ttft_s, dispatched_at, self.in_flight,
+                                      paced=entry is None or not entry[1], hold=hold)
+        if held:
+            self._held.append((until, held))
+        self._answered = max(self._answered, until)
         self._sampled(before, entry)
 
     def sample_whole(self, latency_s: float, tokens: int, dispatched_at: float) -> None:
@@ -312,9 +369,24 @@ class Pool:
                 return entry
         return None
 
-    def _oldest_stream(self) -> float | None:
-        entry = self._oldest(True)
-        return None if entry is None else entry[0]
+    def _oldest_stream(self, after: tuple[float, bool, bool] | None = None) -> float | None:
+        """When the oldest pending stream was sent (other than `after`); None: none pending."""
+        for entry in self._pending:
+            if entry[2] and entry is not after:
+                return entry[0]
+        return None
+
+    def _release_held(self) -> None:
+        """Add the held slots whose streams have all shown a first token (`sample`)."""
+        held = self._held
+        if not self.limiter.slow_start:
+            held.clear()
+            return
+        oldest = self._oldest_stream()
+        ready = [h for h in held if oldest is None or h[0] < oldest]
+        if ready:
+            self._held = [h for h in held if not (oldest is None or h[0] < oldest)]
+            self.limiter.climb(sum(slots for _, slots in ready))
 
     def _sampled(self, before: int, entry: tuple[float, bool, bool] | None) -> None:
         """After a sample of the pending request `entry` (see `_oldest`)."""
@@ -325,6 +397,8 @@ class Pool:
                     pending.remove(entry)
             else:
                 pending.clear()
+        if self._held:
+            self._release_held()
         if self._promised:
             self._check_promises()
         if self.limiter.limit > before and self.queue._size:

@@ -92,16 +92,19 @@ class AimdLimiter:
         return self._first_token if self.slow_start else 0.0
 
     def on_sample(self, latency_s: float, dispatched_at: float, in_flight: int, *,
-                  turnover_s: float | None = None, paced: bool = True) -> None:
+                  turnover_s: float | None = None, paced: bool = True,
+                  hold: bool = False) -> float:
         """One request's upstream TTFT; `in_flight` counts admitted requests at that moment
         (itself included); `turnover_s` is the time a whole answer took to come back (it is
         judged on another scale, `latency_s`, and may only grow the limit). `paced`: the
         request shared the engines' prefill with others, so its time may set the climb's pace
         (`first_token_s`); a request sent while no other awaited its first token was prefilled
-        alone, faster than any of a burst's can be."""
+        alone, faster than any of a burst's can be. `hold`: in slow start, do not add the
+        sample's slots but return them (the caller adds them later with `climb`, or never);
+        else returns 0."""
         late = latency_s >= SLOW_START_BELOW * self.target_s
         if late and (turnover_s is not None or in_flight < QUEUEING):
-            return  # no evidence of full engines: a whole answer, or a request alone
+            return 0.0  # no evidence of full engines: a whole answer, or a request alone
         if self.slow_start:
             took = latency_s if turnover_s is None else turnover_s
             if late:
@@ -115,15 +118,24 @@ class AimdLimiter:
         if latency_s > self.target_s:
             if dispatched_at >= self._last_cut:
                 self._cut(self.target_s / latency_s)
-            return
+            return 0.0
         # Grow only when the limit binds: an idle pool proves nothing about a higher limit.
         if in_flight * 2 >= self.limit:
             if self.slow_start:
                 # Doubles per round trip: a stream keeps its slot, a whole answer frees its own.
-                self._set(self._limit + (1.0 if turnover_s is not None else 2.0))
-                return
+                slots = 1.0 if turnover_s is not None else 2.0
+                if hold:
+                    return slots
+                self._set(self._limit + slots)
+                return 0.0
             room = 1.0 - latency_s / self.target_s
             self._set(self._limit + max(1.0 / self._limit, GROWTH * room))
+        return 0.0
+
+    def climb(self, slots: float) -> None:
+        """Add slots a sample earned in slow start and `on_sample` held back (none after it)."""
+        if self.slow_start:
+            self._set(self._limit + slots)
 
     def on_whole_sample(
         self, latency_s: float, tokens: int, dispatched_at: float, in_flight: int, *,

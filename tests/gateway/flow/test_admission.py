@@ -235,30 +235,37 @@ async def test_slots_the_limit_grows_go_to_the_queue_at_once() -> None:
     pool = adm.pool("demo")
     t = adm.tenants.for_key(None)
     pace(pool, clock, 100.0)
-    assert pool.try_acquire() and pool.try_acquire()
+    dispatched = clock()
+    assert pool.try_acquire()
+    clock.advance(0.05)  # not sent with the first: its first token may come later
+    assert pool.try_acquire()
     waiters = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(3)]
     await asyncio.sleep(0)
     assert len(pool.queue) == 3
-    dispatched = clock()
+    clock.advance(0.05)
     pool.sample(0.1, dispatched)  # slow start: two more slots ...
     await asyncio.sleep(0)
     assert sum(w.done() for w in waiters) == 2 and pool.in_flight == 4  # ... served now
-    pool.sample(0.1, dispatched)
+    clock.advance(0.05)
+    pool.sample(0.1, dispatched + 0.05)
     await asyncio.gather(*waiters)
     assert pool.in_flight == 5 and len(pool.queue) == 0
 
 
 def grown_pool(clock: FakeClock, in_flight: int) -> Pool:
     """A pool whose limit climbed from 2 to 32 in slow start (two slots per first token while it
-    binds; each request sent while the one before awaited its first token, so the climb has a
-    pace), left with `in_flight` of its 15 requests still in flight."""
+    binds; each request sent 10 ms after the one before, while it awaited its first token, so
+    the climb has a pace), left with `in_flight` of its 15 requests still in flight."""
     adm, _ = admission(clock, initial_limit=2, max_limit=64)
     pool = adm.pool("demo")
+    sent = [clock()]
     assert pool.try_acquire()
-    for _ in range(14):
+    for i in range(14):
+        clock.advance(0.01)
+        sent.append(clock())
         assert pool.try_acquire()
-        pool.sample(0.05, clock())
-    pool.sample(0.05, clock())
+        pool.sample(0.05, sent[i])
+    pool.sample(0.05, sent[-1])
     assert pool.limiter.first_token_s == 0.05
     for _ in range(15 - in_flight):
         pool.release()
@@ -376,13 +383,13 @@ def test_first_tokens_within_a_millisecond_do_not_make_the_gateways_lag_overdue(
         for _ in range(4):
             assert pool.try_acquire()
         await asyncio.sleep(0.001)
-        # The first two first tokens, in 1 ms; four slots more. (The first is the one sent
-        # first, when none awaited a first token: prefilled alone, it sets no pace.)
+        # The first two first tokens, in 1 ms. (The first is the one sent first, when none
+        # awaited a first token: prefilled alone, it sets no pace.) Their slots wait for the two
+        # sent with them, so the limit stays and a newcomer queues on the climb's promise.
         pool.sample(0.001, sent)
         pool.sample(0.001, sent)
         assert pool.limiter.first_token_s == 0.001
-        for _ in range(4):
-            assert pool.try_acquire()
+        assert pool.limiter.limit == pool.in_flight == 4
         await asyncio.sleep(0.02)  # the others sent with it are 20x that late: the gateway's lag
         queued_at = loop.time() - sent
         result = await asyncio.gather(pool.acquire(adm.tenants.for_key(None), 1),
@@ -398,9 +405,11 @@ def test_first_tokens_within_a_millisecond_do_not_make_the_gateways_lag_overdue(
 def test_slow_starts_promise_is_refused_once_broken_not_at_the_deadline() -> None:
     # Queued on the climb's promise, but the requests sent with the first one never answer: the
     # engines are full, and sent above the limit a request would wait inside them past the
-    # target. Refused when the oldest is overdue (1.5 x the first token; a quarter of the
-    # engines' 200 ms share of the target is sooner), before the 100 ms deadline. On
-    # virtual time: the pool's clock is the loop's.
+    # target. The two fast first tokens add no slots while the two sent with them wait (the
+    # engine started some of a burst and holds the rest), and the queue is refused when the
+    # oldest is overdue (1.5 x the first token; a quarter of the engines' 200 ms share of the
+    # target is sooner), before the 100 ms deadline. On virtual time: the pool's clock is the
+    # loop's.
 
     async def scenario() -> tuple[list[object], float, Admission, GatewayMetrics]:
         loop = asyncio.get_running_loop()
@@ -416,8 +425,8 @@ def test_slow_starts_promise_is_refused_once_broken_not_at_the_deadline() -> Non
         queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(6)]
         await asyncio.sleep(0.05)
         assert len(pool.queue) == 6
-        # Two first tokens, fast: four slots for the queue. The first, from the request sent
-        # first (prefilled alone), sets no pace; the second does.
+        # Two first tokens, fast. The first, from the request sent first (prefilled alone),
+        # sets no pace; the second does. Their four slots wait for the other two.
         pool.sample(0.05, sent)
         pool.sample(0.05, sent)
         results = await asyncio.gather(*queued, return_exceptions=True)
@@ -425,11 +434,93 @@ def test_slow_starts_promise_is_refused_once_broken_not_at_the_deadline() -> Non
 
     results, took, adm, m = run_virtual(scenario)
     refused = [r for r in results if isinstance(r, Unavailable)]
-    assert len(refused) == 2 and all(r.retry_after for r in refused)
+    assert len(refused) == 6 and all(r.retry_after for r in refused)
     assert took == pytest.approx(0.075)  # the other two sent at once are overdue then
     pool = adm.pool("demo")
-    assert pool.in_flight == 8 and len(pool.queue) == 0
-    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_timeout") == 2
+    assert pool.in_flight == 4 and pool.limiter.limit == 4 and len(pool.queue) == 0
+    assert sample(m, "llmserve_rejections_total", pool="demo", reason="queue_timeout") == 6
+    assert sample(m, "llmserve_queue_overflows_total", pool="demo") == 0
+
+
+def test_a_fast_first_token_adds_its_slots_once_those_sent_with_it_have_theirs() -> None:
+    # An engine with room for 3 of a burst of 8 sent within a millisecond: its first tokens come
+    # back fast, but it holds the other 5 (its sequence slots are full). Those 3 add no slots
+    # while the 5 wait; once they come back too, all 16 slots count.
+    clock = FakeClock()
+    adm, _ = admission(clock, initial_limit=8, max_limit=64)
+    pool = adm.pool("demo")
+    sent = clock()
+    for _ in range(8):
+        assert pool.try_acquire()
+        clock.advance(0.0001)
+    clock.advance(0.05)
+    for i in range(3):
+        pool.sample(0.05, sent + i * 0.0001)
+    assert pool.limiter.limit == 8 and not pool.try_acquire()
+    clock.advance(0.1)
+    for i in range(3, 7):
+        pool.sample(0.15, sent + i * 0.0001)
+    assert pool.limiter.limit == 8  # one of them still waits
+    pool.sample(0.15, sent + 7 * 0.0001)
+    assert pool.limiter.limit == 8 + 8 * 2 and pool.limiter.slow_start
+
+
+def test_a_fast_first_token_adds_its_slots_at_once_when_none_sent_with_it_waits() -> None:
+    # Requests sent 10 ms apart, first tokens back in order: each adds its two slots at once.
+    clock = FakeClock()
+    adm, _ = admission(clock, initial_limit=4, max_limit=64)
+    pool = adm.pool("demo")
+    sent = []
+    for _ in range(4):
+        sent.append(clock())
+        assert pool.try_acquire()
+        clock.advance(0.01)
+    pool.sample(0.05, sent[0])
+    assert pool.limiter.limit == 6
+    pool.sample(0.05, sent[1])
+    assert pool.limiter.limit == 8
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["held", "started"])
+def test_past_its_deadline_the_promise_waits_for_the_verdict_due(started: bool) -> None:
+    # The engine's first token takes 70 ms, so the two requests sent with the ones it answered
+    # are judged only at 105 ms (1.5x), after the 100 ms deadline of the six queued on the
+    # climb's promise. Sent at their deadline they would join a full engine's queue: they wait
+    # for the verdict. If the engine never starts those two, they are refused at 105 ms; if it
+    # starts them at 103 ms (a batching engine's next step), the slots held for them come, and
+    # the six are sent.
+
+    async def scenario() -> tuple[list[object], float, Admission, GatewayMetrics]:
+        loop = asyncio.get_running_loop()
+        m = GatewayMetrics()
+        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
+                                     ttft_target_s=0.4, queue_timeout_s=0.1, max_queue=100),
+                        m, loop.time)
+        pool, t = adm.pool("demo"), adm.tenants.for_key(None)
+        sent = loop.time()
+        for _ in range(4):
+            assert pool.try_acquire()
+        queued = [asyncio.create_task(pool.acquire(t, 1)) for _ in range(6)]
+        await asyncio.sleep(0.07)
+        pool.sample(0.07, sent)  # the first sent (alone): no pace
+        pool.sample(0.07, sent)  # the pace: 70 ms; the other two still wait
+        if started:
+            await asyncio.sleep(0.033)
+            pool.sample(0.103, sent)
+            pool.sample(0.103, sent)
+        results = await asyncio.gather(*queued, return_exceptions=True)
+        return results, loop.time() - sent, adm, m
+
+    results, took, adm, m = run_virtual(scenario)
+    pool = adm.pool("demo")
+    if started:
+        assert results == [None] * 6
+        assert pool.in_flight == 10 and pool.limiter.limit >= 10
+        assert took == pytest.approx(0.103)
+    else:
+        assert all(isinstance(r, Unavailable) and r.retry_after for r in results)
+        assert took == pytest.approx(0.105)  # at the verdict, not sent above the limit
+        assert pool.in_flight == 4
     assert sample(m, "llmserve_queue_overflows_total", pool="demo") == 0
 
 
@@ -546,8 +637,9 @@ def test_a_request_ending_without_a_sample_leaves_its_kind() -> None:
 def test_overtaken_is_evidence_only_within_one_engine(replicas: int) -> None:
     # The second stream sent comes back before the first one sent with company: in one engine's
     # queue the engine took the later one and not the earlier (full: the promise is broken at
-    # 1.5x the pace); across two replicas the later one may just have gone to the less busy
-    # replica, and only half the engines' share of the target (1.5 s here) shows them full.
+    # 1.5x the pace, and the late one's slots wait for the earlier: the four still queued are
+    # refused); across two replicas the later one may just have gone to the less busy replica,
+    # and only half the engines' share of the target (1.5 s here) shows them full.
 
     async def scenario() -> list[object]:
         loop = asyncio.get_running_loop()
@@ -567,7 +659,7 @@ def test_overtaken_is_evidence_only_within_one_engine(replicas: int) -> None:
         return await asyncio.gather(*queued, return_exceptions=True)
 
     refused = [r for r in run_virtual(scenario) if isinstance(r, Unavailable)]
-    assert len(refused) == (2 if replicas == 1 else 0)
+    assert len(refused) == (4 if replicas == 1 else 0)
 
 
 def test_a_pause_leaves_nothing_pending_for_the_next_burst() -> None:
