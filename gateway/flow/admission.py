@@ -18,8 +18,10 @@ at its deadline above the limit (`llmserve_queue_overflows_total`) rather than r
 wasted wait. One queued on slow start's promise is refused as soon as the promise is seen broken
 (slow start ended by evidence of full engines, or a request in flight overdue for its first token:
 sent, it would wait inside them past the target), and sent at its deadline otherwise (a burst's
-first tokens may all come after it: nothing shows the engines full). Why both promises need this
-shape: docs/flow-control.md.
+first tokens may all come after it: nothing shows the engines full), unless an engine that holds
+streams sent with those it started is being judged: then it waits for that verdict, up to half
+a timeout more. In slow start a fast first token's slots count only once the streams sent with
+it have theirs (`Pool.sample`). Why both promises need this shape: docs/flow-control.md.
 """
 
 from __future__ import annotations

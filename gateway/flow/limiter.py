@@ -12,7 +12,8 @@ waiting requests or a nearly full KV cache (flow/pressure.py) count as a missed 
   old limit and are ignored.
 - Slow start (TCP's): from the start and after a pause, a sample under `SLOW_START_BELOW`
   of the target adds two slots per streamed first token (the stream keeps its slot, and one
-  more) or one per whole answer (it frees its own), so the limit doubles every round trip. It
+  more) or one per whole answer (it frees its own), so the limit doubles every round trip (the
+  pool may hold a sample's slots back, `hold`, and add them later, `climb`). It
   ends at the first cut, at engine pressure, or at the first sample at `SLOW_START_BELOW` of the
   target or later, which also cuts the limit by how much slower than the climb's fastest sample
   it came back (Netflix concurrency-limits' gradient, within `GRADIENT_TOLERANCE` and
