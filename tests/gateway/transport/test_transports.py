@@ -67,7 +67,8 @@ async def drain(resp) -> list[bytes]:  # type: ignore[no-untyped-def]
 
 
 async def test_stream_within_deadlines_is_read_whole(server: str, transport) -> None:
-    t = transport(idle_s=0.5)
+    # Gaps of 0.1 s under 2 s: room for a stalled test loop (see the push test below).
+    t = transport(idle_s=2)
     resp = await t.post(server + "/stream?gaps=0,0.1,0.1", b"{}", {}, streaming=True)
     assert b"".join(await drain(resp)) == b"data: x\n\n" * 3
     resp.release()
@@ -223,7 +224,7 @@ async def test_push_feeds_the_sink_until_the_body_ends(server: str, transport) -
 async def test_push_stops_when_the_sink_says_so_and_the_rest_is_still_readable(
     server: str, transport
 ) -> None:
-    t = transport(idle_s=0.5)
+    t = transport(idle_s=2)  # gaps of 0.05 s: room for a stalled test loop
     resp = await t.post(server + "/stream?gaps=0,0.05,0.05", b"{}", {}, streaming=True)
     got: list[bytes] = []
     await resp.push(lambda chunk, now: got.append(chunk) and False)  # stop after the first chunk
@@ -234,13 +235,16 @@ async def test_push_stops_when_the_sink_says_so_and_the_rest_is_still_readable(
 
 
 async def test_push_times_out_on_an_idle_gap(server: str, transport) -> None:
-    # The deadline's idle clock is refreshed from the read callback in push mode.
-    t = transport(idle_s=0.3)
-    resp = await t.post(server + "/stream?gaps=0,0.1,0.1,0.1,0.8", b"{}", {}, streaming=True)
-    got: list[bytes] = []
-    with pytest.raises(UpstreamTimeout, match="no data for 0.3s"):
-        await resp.push(lambda chunk, now: got.append(chunk) is None)
-    assert len(got) == 4
+    # The deadline's idle clock is refreshed from the read callback in push mode: the 10 s gap is
+    # cut 1.5 s after the LAST chunk (0.3 s after the first), not after the first. Gaps of 0.1 s
+    # under 1.5 s leave a stalled test loop 1.4 s; a lower bound on the time no stall can break.
+    t = transport(idle_s=1.5)
+    resp = await t.post(server + "/stream?gaps=0,0.1,0.1,0.1,10", b"{}", {}, streaming=True)
+    times: list[float] = []
+    with pytest.raises(UpstreamTimeout, match="no data for 1.5s"):
+        await resp.push(lambda chunk, now: times.append(now) is None)
+    assert len(times) == 4
+    assert asyncio.get_running_loop().time() - times[-1] >= 1.5
     await t.close()
 
 
@@ -249,12 +253,15 @@ async def test_push_from_before_the_first_byte_times_out_on_an_idle_gap(
 ) -> None:
     # The relay pushes from the response head on, so the first event, too, arrives in push mode:
     # from then on the idle deadline applies, not the (longer) first-byte one.
-    t = transport(idle_s=0.3, first_byte_s=5)
-    resp = await t.post(server + "/stream?gaps=0.2,0.1,1.5", b"{}", {}, streaming=True)
-    got: list[bytes] = []
-    with pytest.raises(UpstreamTimeout, match="no data for 0.3s"):
-        await resp.push(lambda chunk, now: got.append(chunk) is None)
-    assert len(got) == 2
+    # (Gaps of 0.1-0.2 s under 1.5 s: room for a stalled test loop. Were the first-byte deadline
+    # still the one, the 10 s gap would be cut at 5 s, saying so.)
+    t = transport(idle_s=1.5, first_byte_s=5)
+    resp = await t.post(server + "/stream?gaps=0.2,0.1,10", b"{}", {}, streaming=True)
+    times: list[float] = []
+    with pytest.raises(UpstreamTimeout, match="no data for 1.5s"):
+        await resp.push(lambda chunk, now: times.append(now) is None)
+    assert len(times) == 2
+    assert asyncio.get_running_loop().time() - times[-1] >= 1.5  # from the last chunk on
     await t.close()
 
 
