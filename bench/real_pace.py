@@ -49,8 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.load import build_request, pct
-from bench.procs import busy_share, cpu_busy, cpu_seconds, free_port, start, stop_all, wait_ok
+from bench.procs import busy_share, cpu_busy, cpu_seconds, start, stop_all, wait_ok
 from devstack.cli import Parser
+from devstack.procs import free_port
 
 
 @dataclass
