@@ -44,6 +44,15 @@ def in_service(pool: Pool, clock: FakeClock) -> None:
     assert not pool.limiter.slow_start
 
 
+def cold_pool(ttft_target_s: float, queue_timeout_s: float) -> tuple[Admission, GatewayMetrics]:
+    """Admission with a cold pool "demo" of 4 slots on the running loop's clock: on virtual time
+    (simulation.run_virtual) a scenario's sleeps are the engine's and the clients' pace."""
+    m = GatewayMetrics()
+    settings = FlowSettings(initial_limit=4, min_limit=1, max_limit=64, max_queue=100,
+                            ttft_target_s=ttft_target_s, queue_timeout_s=queue_timeout_s)
+    return Admission(settings, m, asyncio.get_running_loop().time), m
+
+
 def sample(m: GatewayMetrics, name: str, **labels: str) -> float:
     v = m.registry.get_sample_value(name, labels)
     return 0.0 if v is None else v
@@ -375,9 +384,7 @@ def test_first_tokens_within_a_millisecond_do_not_make_the_gateways_lag_overdue(
     async def scenario() -> tuple[object, float, float]:
         loop = asyncio.get_running_loop()
         # A target so short that a quarter of the engines' share (37.5 ms) is under 50 ms too.
-        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
-                                     ttft_target_s=0.25, queue_timeout_s=0.1, max_queue=100),
-                        GatewayMetrics(), loop.time)
+        adm, _ = cold_pool(ttft_target_s=0.25, queue_timeout_s=0.1)
         pool = adm.pool("demo")
         sent = loop.time()
         for _ in range(4):
@@ -413,10 +420,7 @@ def test_slow_starts_promise_is_refused_once_broken_not_at_the_deadline() -> Non
 
     async def scenario() -> tuple[list[object], float, Admission, GatewayMetrics]:
         loop = asyncio.get_running_loop()
-        m = GatewayMetrics()
-        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
-                                     ttft_target_s=0.3, queue_timeout_s=0.1, max_queue=100),
-                        m, loop.time)
+        adm, m = cold_pool(ttft_target_s=0.3, queue_timeout_s=0.1)
         pool = adm.pool("demo")
         t = adm.tenants.for_key(None)
         sent = loop.time()
@@ -492,10 +496,7 @@ def test_past_its_deadline_the_promise_waits_for_the_verdict_due(started: bool) 
 
     async def scenario() -> tuple[list[object], float, Admission, GatewayMetrics]:
         loop = asyncio.get_running_loop()
-        m = GatewayMetrics()
-        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
-                                     ttft_target_s=0.4, queue_timeout_s=0.1, max_queue=100),
-                        m, loop.time)
+        adm, m = cold_pool(ttft_target_s=0.4, queue_timeout_s=0.1)
         pool, t = adm.pool("demo"), adm.tenants.for_key(None)
         sent = loop.time()
         for _ in range(4):
@@ -591,11 +592,7 @@ def test_a_burst_served_in_lengthening_steps_keeps_its_promise() -> None:
     # sent at their deadline, not refused.
 
     async def scenario() -> tuple[list[object], float]:
-        loop = asyncio.get_running_loop()
-        m = GatewayMetrics()
-        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
-                                     ttft_target_s=4.0, queue_timeout_s=1.0, max_queue=100),
-                        m, loop.time)
+        adm, m = cold_pool(ttft_target_s=4.0, queue_timeout_s=1.0)
         pool, t = adm.pool("demo"), adm.tenants.for_key(None)
         for _ in range(4):
             assert pool.try_acquire()
@@ -642,10 +639,7 @@ def test_overtaken_is_evidence_only_within_one_engine(replicas: int) -> None:
     # and only half the engines' share of the target (1.5 s here) shows them full.
 
     async def scenario() -> list[object]:
-        loop = asyncio.get_running_loop()
-        adm = Admission(FlowSettings(initial_limit=4, min_limit=1, max_limit=64,
-                                     ttft_target_s=4.0, queue_timeout_s=1.0, max_queue=100),
-                        GatewayMetrics(), loop.time)
+        adm, _ = cold_pool(ttft_target_s=4.0, queue_timeout_s=1.0)
         adm.set_replicas({"demo": replicas})
         pool, t = adm.pool("demo"), adm.tenants.for_key(None)
         for _ in range(4):  # sent at 0, 10, 20 and 30 ms
