@@ -64,7 +64,9 @@ class FlowSettings(BaseModel):
     ttft_target_s: float = Field(
         4.0, gt=0, description="TTFT target for admitted requests, queue wait included")
     queue_timeout_s: float = Field(
-        1.0, gt=0, description="longest wait in the gateway queue before a 503")
+        1.0, gt=0, description="longest wait in the gateway queue before a 503 or a send above "
+                                "the limit (a cold start's queue may wait half again as long for the "
+                                "engines' verdict)")
     max_queue: int = Field(512, ge=0, description="queued requests per pool before 503")
     # Small, not to overfill a small replica with a cold burst; slow start doubles it per round
     # trip (flow/admission.py).
