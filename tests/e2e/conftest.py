@@ -16,6 +16,7 @@ from devstack.procs import Proc
 from devstack.stack import LocalStack, wait_http_ok
 from tests import loopback
 from tests.ports import free_port, free_port_pair, free_port_run
+from tests.waiting import scrape
 
 if TYPE_CHECKING:
     from tests.e2e.kv_watch import KvWatch
@@ -121,6 +122,18 @@ def conversation(bases: list[str], model: str) -> list[tuple[str, str]]:
         assert r.status == "completed", r
         out.append((r.id, r.output_text))
         previous = r.id
+    return out
+
+
+def served_by(gateway_url: str, model: str | None = None) -> dict[str, float]:
+    """Requests the gateway's replicas answered 200 (of `model` alone, when given), per backend,
+    from its llmserve_requests_total."""
+    out: dict[str, float] = {}
+    for k, v in scrape(gateway_url).items():
+        if (k.startswith("llmserve_requests_total{") and 'status="200"' in k
+                and (model is None or f'model="{model}"' in k)):
+            backend = k.split('backend="', 1)[1].split('"', 1)[0]
+            out[backend] = out.get(backend, 0.0) + v
     return out
 
 

@@ -23,7 +23,7 @@ from devstack.stack import LocalStack
 from model_store.marker import read_marker
 from tests import loopback
 from tests.conftest import REPO, S3Env
-from tests.e2e.conftest import running
+from tests.e2e.conftest import running, served_by
 from tests.ports import free_port, free_port_pair
 from tests.waiting import scrape
 
@@ -90,17 +90,6 @@ def ask(url: str, model: str) -> str:
     r = client.chat.completions.create(model=model, messages=QUESTION, temperature=0,  # type: ignore[arg-type]
                                        max_tokens=16)
     return r.choices[0].message.content or ""
-
-
-def served_by(gateway_url: str, model: str) -> dict[str, float]:
-    """Requests answered 200 for `model`, per backend, from the gateway's counters."""
-    out: dict[str, float] = {}
-    for k, v in scrape(gateway_url).items():
-        if k.startswith("llmserve_requests_total{") and f'model="{model}"' in k \
-                and 'status="200"' in k:
-            backend = k.split('backend="', 1)[1].split('"', 1)[0]
-            out[backend] = out.get(backend, 0.0) + v
-    return out
 
 
 def test_a_declared_adapter_answers_differently_from_both_replicas(

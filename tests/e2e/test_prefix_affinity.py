@@ -7,20 +7,11 @@ import pytest
 
 from devstack.stack import LocalStack
 from tests import loopback
+from tests.e2e.conftest import served_by
 from tests.gateway.conftest import run_gateway
 from tests.waiting import metric_sum, scrape
 
 pytestmark = pytest.mark.engine
-
-
-def served_by(gw_url: str) -> dict[str, float]:
-    """Successful requests per backend URL, from the gateway's own metrics."""
-    out: dict[str, float] = {}
-    for k, v in scrape(gw_url).items():
-        if k.startswith("llmserve_requests_total{") and 'status="200"' in k:
-            backend = k.split('backend="', 1)[1].split('"', 1)[0]
-            out[backend] = out.get(backend, 0.0) + v
-    return out
 
 
 def test_second_turn_lands_on_the_first_turns_replica(stack: LocalStack, model_name: str) -> None:

@@ -25,6 +25,7 @@ import pytest
 
 from devstack.stack import LocalStack
 from tests import loopback
+from tests.e2e.conftest import served_by
 from tests.waiting import scrape
 
 pytestmark = pytest.mark.engine
@@ -99,17 +100,6 @@ def completion_text(sse: str) -> str:
     """The text of a streamed completion's events."""
     return "".join(c.get("text", "") for e in sse.split("\n\n") if e.startswith("data: {")
                    for c in orjson.loads(e[6:]).get("choices", []))
-
-
-def served_by(gateway_url: str) -> dict[str, float]:
-    """Streams answered 200, per backend, from the gateway's counters."""
-    out: dict[str, float] = {}
-    for k, v in scrape(gateway_url).items():
-        m = re.match(r'llmserve_requests_total\{backend="([^"]+)",endpoint="[^"]*",'
-                     r'model="[^"]*",status="200"\}', k)
-        if m:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + v
-    return out
 
 
 def wait_routed(gateway_url: str, url: str, timeout_s: float) -> None:
