@@ -102,6 +102,22 @@ def completion_text(sse: str) -> str:
                    for c in orjson.loads(e[6:]).get("choices", []))
 
 
+def divergence(texts: list[str]) -> str:
+    """Where each text first differs from the most common one, with the text around it: a seam
+    that drops or repeats tokens reads as a shift there, a numerical tie broken otherwise by
+    another replica as a different word."""
+    common = Counter(texts).most_common(1)[0][0]
+    lines = [f"{len(texts)} texts, {len(set(texts))} distinct, most common {len(common)} chars"]
+    for n, text in enumerate(texts):
+        if text == common:
+            continue
+        i = next((k for k, (a, b) in enumerate(zip(text, common, strict=False)) if a != b),
+                 min(len(text), len(common)))
+        lines.append(f"text {n} ({len(text)} chars) differs at {i}: "
+                     f"{text[max(0, i - 60):i + 60]!r} against {common[max(0, i - 60):i + 60]!r}")
+    return "\n".join(lines)
+
+
 def wait_routed(gateway_url: str, url: str, timeout_s: float) -> None:
     """Until the gateway routes to `url` (its probe passed), so the next drain has a peer."""
     deadline = time.monotonic() + timeout_s
@@ -191,4 +207,4 @@ def test_rolling_restart_under_streamed_load_fails_no_request(
     # the others', among them the one each drain left on the surviving replica, uninterrupted.
     assert long.outcomes == {"ok": LONG_PER_DRAIN * len(drained)}, (long.outcomes, long.details)
     assert 1 <= resumed < len(long.texts), (resumed, long.outcomes)  # one or more uncut
-    assert len(set(long.texts)) == 1 and len(long.texts[0]) > LONG_TOKENS // 2, long.texts
+    assert len(set(long.texts)) == 1 and len(long.texts[0]) > LONG_TOKENS // 2, divergence(long.texts)
